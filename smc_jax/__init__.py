@@ -1,0 +1,1 @@
+"""smc_jax: ensembling language models with sequential Monte Carlo, in JAX."""
