@@ -1,1 +1,11 @@
 """smc_jax: ensembling language models with sequential Monte Carlo, in JAX."""
+
+from smc_jax.ensemble import NAMED_TAUS, CustomEnsemble, GeneralizedMean, contrastive, make_ensemble
+from smc_jax.experts import ExpertGroup, ExpertStack, NGramExpert, TableExpert
+from smc_jax.smc import SMC, SMCResult, ZeroWeightError, importance_sampling, local_ensemble
+
+__all__ = [
+    "NAMED_TAUS", "CustomEnsemble", "GeneralizedMean", "contrastive", "make_ensemble",
+    "ExpertGroup", "ExpertStack", "NGramExpert", "TableExpert",
+    "SMC", "SMCResult", "ZeroWeightError", "importance_sampling", "local_ensemble",
+]

@@ -1,0 +1,118 @@
+"""The expert interface the SMC engine calls.
+
+An *expert group* is one or more experts that advance together over a shared alphabet of A
+symbols plus end-of-string. Symbols are integers 0..A-1 and EOS is the integer A
+(`eos_symbol(alphabet_size)`), so next-symbol arrays have A + 1 entries.
+
+Contract (checked by the reusable tests in tests/experts_contract.py):
+* `init(M)` returns a state pytree for M particles at the empty string; every leaf that belongs
+  to a particle has the particle axis first (the default `reorder` relies on it).
+* `logprobs(state)` returns log p_k(a | x) for every particle m, expert k of the group and
+  symbol a in alphabet + EOS: shape [M, K, A + 1], float32, each row a normalized
+  distribution (logsumexp = 0) or, for a string the expert cannot produce, anything <= 0
+  (the engine multiplies by the expert's prefix probability, which is then 0).
+* `advance(state, symbols, active)` appends `symbols[m]` to particle m where `active[m]`, and
+  leaves the other particles unchanged (their symbol is arbitrary, e.g. EOS or padding).
+* `reorder(state, ancestors)` returns the state of particles `ancestors` (resampling).
+
+Everything is pure and jittable; groups are pytrees so that their parameters are arguments of
+the jitted sampler rather than constants baked into it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Protocol, runtime_checkable
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+from jaxtyping import Array, Bool, Float, Int
+
+PyTree = Any
+
+
+def eos_symbol(alphabet_size: int) -> int:
+    """The end-of-string symbol of an alphabet of `alphabet_size` symbols: the next integer."""
+    return alphabet_size
+
+
+@runtime_checkable
+class ExpertGroup(Protocol):
+    num_experts: int
+    alphabet_size: int
+
+    def init(self, num_particles: int) -> PyTree: ...
+
+    def logprobs(self, state: PyTree) -> Float[Array, "M K A1"]: ...
+
+    def advance(self, state: PyTree, symbols: Int[Array, "M"], active: Bool[Array, "M"]) -> PyTree: ...
+
+    def reorder(self, state: PyTree, ancestors: Int[Array, "M"]) -> PyTree: ...
+
+
+def take_particles(state: PyTree, ancestors: Int[Array, "M"]) -> PyTree:
+    """Gathers every leaf of a particle-major state along its first axis."""
+    return jax.tree.map(lambda leaf: jnp.take(leaf, ancestors, axis=0), state)
+
+
+def where_active(active: Bool[Array, "M"], new: PyTree, old: PyTree) -> PyTree:
+    """Per particle, the new state where active and the old one elsewhere."""
+
+    def select(n, o):
+        mask = active.reshape(active.shape + (1,) * (n.ndim - 1))
+        return jnp.where(mask, n, o)
+
+    return jax.tree.map(select, new, old)
+
+
+@struct.dataclass
+class ExpertStack:
+    """Several expert groups over one alphabet, seen as one group of sum_g K_g experts.
+
+    The experts' axis is the concatenation of the groups' in order. This is how experts that
+    cannot share a batched call (different models, or toy experts of different shapes) are
+    combined; experts that can share one (one model under K prompts) form one group.
+    """
+
+    groups: tuple
+
+    def __post_init__(self):
+        if len(self.groups) == 0:
+            raise ValueError("an ensemble needs at least one expert; the expert list is empty")
+        sizes = {g.alphabet_size for g in self.groups}
+        if len(sizes) != 1:
+            raise ValueError(
+                f"all experts must share one alphabet, got alphabet sizes {sorted(sizes)}; models "
+                "with different tokenizers can only be ensembled at the byte level"
+            )
+
+    @property
+    def num_experts(self) -> int:
+        return sum(g.num_experts for g in self.groups)
+
+    @property
+    def alphabet_size(self) -> int:
+        return self.groups[0].alphabet_size
+
+    def init(self, num_particles: int) -> tuple:
+        return tuple(g.init(num_particles) for g in self.groups)
+
+    def logprobs(self, state: tuple) -> Float[Array, "M K A1"]:
+        return jnp.concatenate([g.logprobs(s) for g, s in zip(self.groups, state)], axis=1)
+
+    def advance(self, state: tuple, symbols: Int[Array, "M"], active: Bool[Array, "M"]) -> tuple:
+        return tuple(g.advance(s, symbols, active) for g, s in zip(self.groups, state))
+
+    def reorder(self, state: tuple, ancestors: Int[Array, "M"]) -> tuple:
+        return tuple(g.reorder(s, ancestors) for g, s in zip(self.groups, state))
+
+
+def stack_experts(experts: ExpertGroup | Sequence[ExpertGroup]) -> ExpertGroup:
+    """One group from a group or a non-empty sequence of groups over the same alphabet."""
+    if isinstance(experts, ExpertGroup) and not isinstance(experts, (list, tuple)):
+        return experts
+    experts = tuple(experts)
+    if len(experts) == 1:
+        return experts[0]
+    return ExpertStack(groups=experts)

@@ -1,0 +1,274 @@
+"""Shaped sequential Monte Carlo for f-ensembles (paper Alg. 1, Sec. 5) as pure jitted steps.
+
+Per active particle x with per-expert prefix log-probabilities log P_k(x), one step computes
+
+    psi(a | x)   = f(P(x) * p(a | x)) / f(P(x))     for a in the alphabet      (shaping)
+    psi(EOS | x) = f(P(x) * p(EOS | x)) / f(P(x))   = phi(x) / psi(x)           (Eq. 8)
+    q(a | x)     = psi(a | x) / sum_a' psi(a' | x)                              (locally optimal)
+    log w       += log sum_a psi(a | x)                                         (independent of a)
+
+so that a finished particle carries w = phi(x) / q(x) (Prop. 5.1) and
+Z_hat = mean_m w_m is unbiased for Z = sum_x phi(x). When the effective sample size falls
+below `ess_threshold * M`, all particles (finished ones included, as in Alg. 1) are resampled
+and every weight is set to the mean weight.
+
+At the length limit L the only admissible symbol is EOS: the proposal puts all its mass
+there and the weight gains log psi(EOS | x), so the sampler targets phi restricted to strings of
+length <= L, unbiasedly (`at_max_length="eos"`). `at_max_length="truncate"` instead stops
+particles at L without that factor; their strings are marked unfinished and their weights are
+psi(x) / q(x) - a different (prefix) target, reported, never hidden.
+
+Baselines: importance sampling is `ess_threshold=0`; the token-local ensemble
+(`method="local"`) samples q(a | x) ∝ f(p_1(a | x), ..., p_K(a | x)) (f applied to the
+experts' next-symbol conditionals, renormalized) and ignores weights.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Sequence
+from functools import partial
+from typing import Literal
+
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, Float, PRNGKeyArray
+
+from smc_jax.ensemble import Ensemble
+from smc_jax.experts.base import ExpertGroup, eos_symbol, stack_experts
+from smc_jax.smc.resampling import effective_sample_size, get_resampler
+from smc_jax.smc.result import SMCResult, ZeroWeightError
+from smc_jax.smc.state import PAD_SYMBOL, SMCState, Trace, empty_trace
+
+Method = Literal["smc", "local"]
+AtMaxLength = Literal["eos", "truncate"]
+METHODS = ("smc", "local")
+AT_MAX_LENGTH = ("eos", "truncate")
+
+
+@dataclasses.dataclass(frozen=True)
+class SMC:
+    """A sampler configuration; hashable, so it is a static argument of the jitted run.
+
+    num_particles: M. max_length: L, the longest string (in symbols) a particle may produce.
+    ess_threshold: resample when ESS < ess_threshold * M (0 = importance sampling, 1 = always
+    when weights differ). resampler: multinomial (paper default), systematic, stratified or
+    residual. method: "smc" (global f-ensemble) or "local" (token-local baseline).
+    """
+
+    num_particles: int
+    max_length: int
+    ess_threshold: float = 0.9
+    resampler: str = "multinomial"
+    method: Method = "smc"
+    at_max_length: AtMaxLength = "eos"
+
+    def __post_init__(self):
+        if not isinstance(self.num_particles, int) or self.num_particles < 1:
+            raise ValueError(f"num_particles (M) must be an integer >= 1, got {self.num_particles!r}")
+        if not isinstance(self.max_length, int) or self.max_length < 1:
+            raise ValueError(f"max_length must be an integer >= 1, got {self.max_length!r}")
+        if not (isinstance(self.ess_threshold, (int, float)) and 0.0 <= self.ess_threshold <= 1.0):
+            raise ValueError(f"ess_threshold must be in [0, 1], got {self.ess_threshold!r}")
+        get_resampler(self.resampler)
+        if self.method not in METHODS:
+            raise ValueError(f"unknown method {self.method!r}; use one of {METHODS}")
+        if self.at_max_length not in AT_MAX_LENGTH:
+            raise ValueError(f"unknown at_max_length {self.at_max_length!r}; use one of {AT_MAX_LENGTH}")
+
+    @property
+    def num_steps(self) -> int:
+        """Upper bound on the number of steps: L symbols, plus the forced EOS step."""
+        return self.max_length + (1 if self.at_max_length == "eos" else 0)
+
+    # ---------------------------------------------------------------- pure functions
+
+    def init(self, key: PRNGKeyArray, experts: ExpertGroup, ensemble: Ensemble) -> SMCState:
+        """All particles at the empty string with weight psi(epsilon) = f(1, ..., 1)."""
+        m, k = self.num_particles, experts.num_experts
+        if ensemble.num_experts != k:
+            raise ValueError(f"the ensemble is for {ensemble.num_experts} experts, but {k} were given")
+        log_prefix = jnp.zeros((m, k), jnp.float32)
+        if self.method == "smc":
+            log_weights = jnp.broadcast_to(ensemble.log_shaping(jnp.zeros((k,), jnp.float32)), (m,))
+        else:
+            log_weights = jnp.zeros((m,), jnp.float32)
+        return SMCState(
+            key=key,
+            step=jnp.zeros((), jnp.int32),
+            symbols=jnp.full((m, self.max_length), PAD_SYMBOL, jnp.int32),
+            lengths=jnp.zeros((m,), jnp.int32),
+            done=jnp.zeros((m,), bool),
+            eos=jnp.zeros((m,), bool),
+            log_weights=log_weights.astype(jnp.float32),
+            log_prefix=log_prefix,
+            expert_state=experts.init(m),
+            trace=empty_trace(self.num_steps, m),
+        )
+
+    def proposal_logits(
+        self, state: SMCState, logp: Float[Array, "M K A1"], ensemble: Ensemble
+    ) -> Float[Array, "M A1"]:
+        """log psi(a | x) for method "smc" (log f(p(a | x)) for "local"), -inf where inadmissible."""
+        a = logp.shape[-1] - 1
+        if self.method == "smc":
+            log_next = jnp.swapaxes(state.log_prefix[:, :, None] + logp, 1, 2)  # [M, A+1, K]
+            log_psi_sym = ensemble.log_shaping(log_next[:, :a, :])
+            log_phi = ensemble.log_target(log_next[:, a, :])
+            log_psi_x = ensemble.log_shaping(state.log_prefix)
+            logits = jnp.concatenate([log_psi_sym, log_phi[:, None]], axis=-1) - log_psi_x[:, None]
+            logits = jnp.where(jnp.isfinite(log_psi_x)[:, None], logits, -jnp.inf)
+        else:
+            logits = ensemble.log_target(jnp.swapaxes(logp, 1, 2))
+        is_eos = jnp.arange(a + 1) == a
+        at_limit = state.step >= self.max_length
+        return jnp.where(at_limit & ~is_eos, -jnp.inf, logits)
+
+    def step(self, state: SMCState, experts: ExpertGroup, ensemble: Ensemble) -> SMCState:
+        """Extends every active particle by one symbol, updates weights, maybe resamples."""
+        m = self.num_particles
+        eos = eos_symbol(experts.alphabet_size)
+        key, key_sample, key_resample = jax.random.split(state.key, 3)
+        active = ~state.done
+
+        logp = experts.logprobs(state.expert_state).astype(jnp.float32)  # [M, K, A+1]
+        logits = self.proposal_logits(state, logp, ensemble)
+        log_norm = jax.nn.logsumexp(logits, axis=-1)  # log sum_a psi(a | x)
+        viable = jnp.isfinite(log_norm)
+        is_eos = jnp.arange(eos + 1) == eos
+        log_q = jnp.where(viable[:, None], logits - log_norm[:, None], jnp.where(is_eos, 0.0, -jnp.inf))
+        symbols = jax.random.categorical(key_sample, log_q, axis=-1).astype(jnp.int32)
+        symbols = jnp.where(active, symbols, eos)
+
+        # A particle whose every continuation has zero shaping is dead: zero weight, finished.
+        dead = active & ~viable
+        took_eos = active & viable & (symbols == eos)
+        extend = active & viable & ~took_eos
+
+        if self.method == "smc":
+            log_weights = jnp.where(active, state.log_weights + jnp.where(viable, log_norm, -jnp.inf), state.log_weights)
+        else:
+            log_weights = jnp.where(dead, -jnp.inf, state.log_weights)
+        sym_logp = jnp.take_along_axis(logp, symbols[:, None, None], axis=2)[..., 0]  # [M, K]
+        log_prefix = jnp.where((extend | took_eos)[:, None], state.log_prefix + sym_logp, state.log_prefix)
+        write_at = jnp.where(extend, state.lengths, self.max_length)  # out of range: dropped
+        new_symbols = state.symbols.at[jnp.arange(m), write_at].set(symbols, mode="drop")
+        lengths = state.lengths + extend.astype(jnp.int32)
+        done = state.done | took_eos | dead
+        finished_eos = state.eos | took_eos
+        expert_state = experts.advance(state.expert_state, symbols, extend)
+
+        ess = effective_sample_size(log_weights)
+        ancestors = jnp.arange(m, dtype=jnp.int32)
+        resampled = jnp.zeros((), bool)
+        if self.method == "smc" and self.ess_threshold > 0:
+            total = jax.nn.logsumexp(log_weights)
+            resampled = (ess < self.ess_threshold * m) & jnp.any(~done) & jnp.isfinite(total)
+            weights = jnp.exp(log_weights - jnp.where(jnp.isfinite(total), total, 0.0))
+            ancestors = jnp.where(resampled, get_resampler(self.resampler)(key_resample, weights, m), ancestors)
+
+            def gather(carry):
+                sym_, len_, done_, eos_, pre_, exp_ = carry
+                take = lambda x: jnp.take(x, ancestors, axis=0)
+                return (take(sym_), take(len_), take(done_), take(eos_), take(pre_), experts.reorder(exp_, ancestors))
+
+            carry = (new_symbols, lengths, done, finished_eos, log_prefix, expert_state)
+            new_symbols, lengths, done, finished_eos, log_prefix, expert_state = jax.lax.cond(
+                resampled, gather, lambda c: c, carry
+            )
+            mean_log_weight = total - math.log(m)
+            pre_resample_log_weights = log_weights
+            log_weights = jnp.where(resampled, jnp.full_like(log_weights, mean_log_weight), log_weights)
+        else:
+            pre_resample_log_weights = log_weights
+
+        t = state.step
+        trace = Trace(
+            ess=state.trace.ess.at[t].set(ess),
+            resampled=state.trace.resampled.at[t].set(resampled),
+            ancestors=state.trace.ancestors.at[t].set(ancestors),
+            log_weights=state.trace.log_weights.at[t].set(pre_resample_log_weights),
+            num_active=state.trace.num_active.at[t].set(jnp.sum(active).astype(jnp.int32)),
+        )
+        return SMCState(
+            key=key,
+            step=t + 1,
+            symbols=new_symbols,
+            lengths=lengths,
+            done=done,
+            eos=finished_eos,
+            log_weights=log_weights,
+            log_prefix=log_prefix,
+            expert_state=expert_state,
+            trace=trace,
+        )
+
+    def run(self, key: PRNGKeyArray, experts: ExpertGroup, ensemble: Ensemble) -> SMCState:
+        """Steps until every particle is finished (or the length limit), in a lax.while_loop."""
+        state = self.init(key, experts, ensemble)
+
+        def cond(s: SMCState):
+            return (s.step < self.num_steps) & jnp.any(~s.done)
+
+        state = jax.lax.while_loop(cond, lambda s: self.step(s, experts, ensemble), state)
+        # Particles still extending when the limit is reached (truncate mode) stop unfinished.
+        return state._replace(done=jnp.ones_like(state.done))
+
+    # ---------------------------------------------------------------- convenience
+
+    def __call__(
+        self,
+        key: PRNGKeyArray,
+        experts: ExpertGroup | Sequence[ExpertGroup],
+        ensemble: Ensemble,
+        *,
+        decode: Callable | None = None,
+        jit: bool = True,
+        allow_zero_weight: bool = False,
+    ) -> SMCResult:
+        """Runs the sampler and returns host-side results.
+
+        Raises `ZeroWeightError` when every particle ends at zero weight (the experts share no
+        string the ensemble gives mass to), unless `allow_zero_weight`.
+        """
+        experts = stack_experts(experts)
+        if ensemble.num_experts != experts.num_experts:
+            raise ValueError(
+                f"the ensemble is for {ensemble.num_experts} experts, but {experts.num_experts} were given"
+            )
+        state = (run_jitted if jit else _run)(self, key, experts, ensemble)
+        result = SMCResult.from_state(state, method=self.method, decode=decode)
+        if not allow_zero_weight and result.log_Z is not None and result.log_Z == -math.inf:
+            raise ZeroWeightError(
+                "every particle ended with zero weight: no sampled string has positive probability "
+                "under the ensemble (for consensus f such as min/product, the experts may share no "
+                "string). Try more particles, a coverage f (mixture/max), or a longer max_length."
+            )
+        if result.log_Z is None and not result.weights.sum() > 0:
+            raise ZeroWeightError("every particle of the local sampler hit a symbol no expert allows")
+        return result
+
+
+def _run(smc: SMC, key: PRNGKeyArray, experts: ExpertGroup, ensemble: Ensemble) -> SMCState:
+    return smc.run(key, experts, ensemble)
+
+
+run_jitted = jax.jit(_run, static_argnums=0)
+run_jitted.__doc__ = "`SMC.run` jitted once per sampler configuration and expert structure."
+
+
+def importance_sampling(num_particles: int, max_length: int, **kwargs) -> SMC:
+    """Sequential importance sampling: the same sampler, never resampling."""
+    return SMC(num_particles=num_particles, max_length=max_length, ess_threshold=0.0, **kwargs)
+
+
+def local_ensemble(num_particles: int, max_length: int, **kwargs) -> SMC:
+    """The token-local baseline: sample f of the next-symbol conditionals, ignore weights."""
+    return SMC(num_particles=num_particles, max_length=max_length, method="local", **kwargs)
+
+
+@partial(jax.jit, static_argnums=0)
+def run_batch(smc: SMC, keys: PRNGKeyArray, experts: ExpertGroup, ensemble: Ensemble) -> SMCState:
+    """Independent runs for a batch of keys (leading axis), vmapped in one jitted call."""
+    return jax.vmap(lambda k: smc.run(k, experts, ensemble))(keys)

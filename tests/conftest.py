@@ -1,0 +1,45 @@
+"""Shared fixtures: toy experts whose ensembles can be enumerated exactly."""
+
+from __future__ import annotations
+
+import itertools
+
+import jax
+import numpy as np
+import pytest
+
+from smc_jax.experts import NGramExpert, TableExpert
+
+ALPHABET = "abc"
+
+
+def random_table(seed: int, alphabet: str = ALPHABET, max_len: int = 4, size: int = 14, bias: str = "") -> dict[str, float]:
+    """A random table over strings of length 0..max_len; strings starting with `bias` get more mass."""
+    rng = np.random.default_rng(seed)
+    pool = ["".join(t) for n in range(max_len + 1) for t in itertools.product(alphabet, repeat=n)]
+    chosen = rng.choice(len(pool), size=size, replace=False)
+    probs = rng.gamma(0.7, size=size) + np.array([2.0 if pool[i].startswith(bias) and bias else 0.0 for i in chosen])
+    probs /= probs.sum()
+    return {pool[i]: float(p) for i, p in zip(chosen, probs)}
+
+
+@pytest.fixture(scope="session")
+def overlapping_tables() -> tuple[TableExpert, TableExpert]:
+    """Two table experts over 'abc' whose supports overlap on several strings."""
+    base = random_table(1, size=10)
+    t1 = dict(base)
+    t2 = random_table(2, size=10)
+    for s in list(base)[:5]:  # shared strings, so min/product ensembles have mass
+        t2[s] = t2.get(s, 0.0) + 0.1
+    z2 = sum(t2.values())
+    t2 = {s: p / z2 for s, p in t2.items()}
+    return TableExpert.from_table(t1, alphabet=ALPHABET), TableExpert.from_table(t2, alphabet=ALPHABET)
+
+
+@pytest.fixture(scope="session")
+def ngram_experts() -> tuple[NGramExpert, NGramExpert]:
+    k1, k2 = jax.random.split(jax.random.key(7))
+    return (
+        NGramExpert.random(k1, alphabet_size=2, order=2, eos_logit=0.5),
+        NGramExpert.random(k2, alphabet_size=2, order=3, eos_logit=0.5),
+    )
