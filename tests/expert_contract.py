@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from smc_jax.experts.base import ExpertGroup, eos_symbol
+from smc_jax.experts.base import ExpertGroup, eos_symbol, expert_failure
 
 
 def check_expert_group(group: ExpertGroup, num_particles: int = 5, steps: int = 4, seed: int = 0, atol: float = 1e-5):
@@ -35,3 +35,4 @@ def check_expert_group(group: ExpertGroup, num_particles: int = 5, steps: int = 
         np.testing.assert_allclose(reordered, new_logp[np.asarray(perm)], atol=atol)
         state = new_state
     assert eos_symbol(a) == a
+    assert expert_failure(group, state) is None

@@ -14,6 +14,8 @@ Contract (checked by the reusable tests in tests/experts_contract.py):
 * `advance(state, symbols, active)` appends `symbols[m]` to particle m where `active[m]`, and
   leaves the other particles unchanged (their symbol is arbitrary, e.g. EOS or padding).
 * `reorder(state, ancestors)` returns the state of particles `ancestors` (resampling).
+* optionally, `failure(state)` (host side, after a run) returns an error message when the group
+  could not represent the run faithfully (e.g. a cache ran out of room), else None.
 
 Everything is pure and jittable; groups are pytrees so that their parameters are arguments of
 the jitted sampler rather than constants baked into it.
@@ -106,6 +108,16 @@ class ExpertStack:
 
     def reorder(self, state: tuple, ancestors: Int[Array, "M"]) -> tuple:
         return tuple(g.reorder(s, ancestors) for g, s in zip(self.groups, state))
+
+    def failure(self, state: tuple) -> str | None:
+        return next(filter(None, (expert_failure(g, s) for g, s in zip(self.groups, state))), None)
+
+
+def expert_failure(group: ExpertGroup, state: PyTree) -> str | None:
+    """Host-side check after a run: groups that can fail (a full cache, an emptied beam) define
+    `failure(state) -> message or None`; the others never fail."""
+    check = getattr(group, "failure", None)
+    return check(state) if check is not None else None
 
 
 def stack_experts(experts: ExpertGroup | Sequence[ExpertGroup]) -> ExpertGroup:

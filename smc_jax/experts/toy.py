@@ -179,3 +179,60 @@ class NGramExpert:
 
     def reorder(self, state: Int[Array, "M"], ancestors: Int[Array, "M"]) -> Int[Array, "M"]:
         return take_particles(state, ancestors)
+
+
+@struct.dataclass
+class NGramTokenLM:
+    """A toy token LM behind the paged-model interface (`experts.contexts.PagedModel`).
+
+    Next-token logits come from a table indexed by the last (order - 1) tokens of the context
+    (prompt tokens, then continuation tokens), BOS-padded; digit V stands for BOS. Its pool stores
+    each entry's token id, so the context is rebuilt from the entry path: a test of the paging.
+    The prefix ("prompt cache") is the prompt's last order - 1 tokens.
+    """
+
+    table: Float[Array, "C V"]  # logits
+    vocab_size: int = struct.field(pytree_node=False)
+    order: int = struct.field(pytree_node=False)
+
+    @classmethod
+    def random(cls, key: PRNGKeyArray, vocab_size: int, order: int = 2, scale: float = 1.5) -> "NGramTokenLM":
+        n_ctx = (vocab_size + 1) ** (order - 1)
+        return cls(table=scale * jax.random.normal(key, (n_ctx, vocab_size)), vocab_size=vocab_size, order=order)
+
+    def _code(self, history: Int[Array, "... H"]) -> Int[Array, "..."]:
+        base = self.vocab_size + 1
+        weights = base ** jnp.arange(history.shape[-1] - 1, -1, -1)
+        return jnp.sum(history * weights, axis=-1)
+
+    def prefill(self, prompt: Sequence[int]) -> tuple[Int[Array, "H"], Float[Array, "V"]]:
+        h = self.order - 1
+        bos = self.vocab_size
+        history = jnp.asarray(([bos] * h + list(prompt))[len(prompt) :] if h else [], jnp.int32)
+        return history, self.table[self._code(history)] if h else self.table[0]
+
+    def init_pool(self, capacity: int) -> Int[Array, "N"]:
+        return jnp.zeros((capacity,), jnp.int32)
+
+    def step(self, prefix, pool, paths, depth, tokens, write_at):
+        h = self.order - 1
+        if h == 0:
+            return self.table[jnp.zeros_like(tokens)], pool.at[write_at].set(tokens, mode="drop")
+        s = paths.shape[1]
+        c = tokens.shape[0]
+        continuation = jnp.where(jnp.arange(s)[None] < depth[:, None], pool[paths], -1)  # [C, S]
+        continuation = jnp.concatenate([continuation, jnp.full((c, 1), -1, jnp.int32)], axis=1)
+        continuation = continuation.at[jnp.arange(c), depth].set(tokens)
+        # history = the last h tokens of prefix ++ continuation[:depth] ++ token
+        full = jnp.concatenate([jnp.broadcast_to(prefix, (c, h)), continuation], axis=1)
+        ends = h + depth + 1  # exclusive end of the valid part of `full`
+        idx = ends[:, None] - h + jnp.arange(h)[None]
+        history = jnp.take_along_axis(full, idx, axis=1)
+        return self.table[self._code(history)], pool.at[write_at].set(tokens, mode="drop")
+
+    def logits_of(self, prompt: Sequence[int], continuation: Sequence[int]) -> np.ndarray:
+        """Reference: next-token logits after prompt ++ continuation, computed directly."""
+        h = self.order - 1
+        seq = [self.vocab_size] * h + list(prompt) + list(continuation)
+        code = sum(t * (self.vocab_size + 1) ** (h - 1 - i) for i, t in enumerate(seq[len(seq) - h :])) if h else 0
+        return np.asarray(self.table[code])

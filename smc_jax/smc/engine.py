@@ -36,7 +36,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Float, PRNGKeyArray
 
 from smc_jax.ensemble import Ensemble
-from smc_jax.experts.base import ExpertGroup, eos_symbol, stack_experts
+from smc_jax.experts.base import ExpertGroup, eos_symbol, expert_failure, stack_experts
 from smc_jax.smc.resampling import effective_sample_size, get_resampler
 from smc_jax.smc.result import SMCResult, ZeroWeightError
 from smc_jax.smc.state import PAD_SYMBOL, SMCState, Trace, empty_trace
@@ -238,6 +238,9 @@ class SMC:
                 f"the ensemble is for {ensemble.num_experts} experts, but {experts.num_experts} were given"
             )
         state = (run_jitted if jit else _run)(self, key, experts, ensemble)
+        problem = expert_failure(experts, state.expert_state)
+        if problem is not None:
+            raise RuntimeError(problem)
         result = SMCResult.from_state(state, method=self.method, decode=decode)
         if not allow_zero_weight and result.log_Z is not None and result.log_Z == -math.inf:
             raise ZeroWeightError(

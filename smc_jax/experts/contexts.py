@@ -1,0 +1,245 @@
+"""Token contexts shared by particles and beam slots: a paged KV pool plus a context table.
+
+Model-backed experts never copy key/value caches. Every token that was ever fed to the model
+after the prompt owns one *entry* of a pool (its keys/values, kept by the model), and every
+entry knows the *path* of entries of its whole continuation (its ancestors, then itself). A
+*context* is a token sequence whose next-token distribution an expert still needs: it points at
+its last entry (or at the prompt) and stores a *summary* of that distribution (the token-level
+log-probabilities, or a byte-level sum tree). Particles and beam slots hold context ids, so
+resampling and beam forks copy integers.
+
+Extending contexts by tokens is one batched model call: requests (parent context, token) are
+deduplicated across all particles and slots (resampled copies that sample the same token share
+one row), compacted into the smallest fixed bucket size that holds them (so shapes stay static
+and a step with no request makes no call), and written to free entries and context ids. Entries
+and contexts are garbage-collected by reference: a context is alive while a slot or a request
+refers to it, an entry while an alive context's path contains it. Capacities are fixed; running
+out sets `overflow`, which the sampler reports as an error (never silently wrong results).
+
+Padding meets the pool in the paths: path[e, :depth[e]] are valid entry ids, the rest is 0 and
+must be masked by depth (the model's step does so).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+from jaxtyping import Array, Bool, Float, Int
+
+PyTree = Any
+
+#: Context id of a slot that holds no hypothesis.
+NO_CONTEXT = -1
+#: Entry id of the prompt's own context (its keys live in the model's prefix cache).
+PROMPT_ENTRY = -1
+#: Context id of the prompt context in a fresh store.
+PROMPT_CONTEXT = 0
+
+
+class PagedModel(Protocol):
+    """A token LM decoded into a paged pool (a pytree; its config is static)."""
+
+    vocab_size: int
+
+    def init_pool(self, capacity: int) -> PyTree:
+        """An empty pool of `capacity` entries."""
+
+    def step(
+        self,
+        prefix: PyTree,
+        pool: PyTree,
+        paths: Int[Array, "C S"],
+        depth: Int[Array, "C"],
+        tokens: Int[Array, "C"],
+        write_at: Int[Array, "C"],
+    ) -> tuple[Float[Array, "C V"], PyTree]:
+        """Feeds tokens[c] after the prompt and the entries paths[c, :depth[c]]; returns the
+        next-token logits and the pool with token c's keys/values stored at entry write_at[c]
+        (an out-of-range write_at means: do not store)."""
+
+
+@struct.dataclass
+class ContextStore:
+    """Contexts of one expert (one prompt). Shapes: N entries, T contexts, S tokens per path."""
+
+    pool: PyTree
+    path: Int[Array, "N S"]
+    depth: Int[Array, "N"]
+    context_entry: Int[Array, "T"]
+    summary: PyTree  # leaves [T, ...]
+    overflow: Bool[Array, ""]
+
+    @property
+    def num_entries(self) -> int:
+        return self.path.shape[0]
+
+    @property
+    def num_contexts(self) -> int:
+        return self.context_entry.shape[0]
+
+    @property
+    def max_tokens(self) -> int:
+        return self.path.shape[1]
+
+
+def init_store(
+    model: PagedModel, prompt_summary: PyTree, num_entries: int, num_contexts: int, max_tokens: int
+) -> ContextStore:
+    """A store whose only context is the prompt (id PROMPT_CONTEXT), with the given summary."""
+    summary = jax.tree.map(
+        lambda leaf: jnp.zeros((num_contexts,) + leaf.shape, leaf.dtype).at[PROMPT_CONTEXT].set(leaf), prompt_summary
+    )
+    return ContextStore(
+        pool=model.init_pool(num_entries),
+        path=jnp.zeros((num_entries, max_tokens), jnp.int32),
+        depth=jnp.zeros((num_entries,), jnp.int32),
+        context_entry=jnp.full((num_contexts,), PROMPT_ENTRY, jnp.int32),
+        summary=summary,
+        overflow=jnp.zeros((), bool),
+    )
+
+
+def context_tokens_path(store: ContextStore, contexts: Int[Array, "C"]) -> tuple[Int[Array, "C S"], Int[Array, "C"]]:
+    """The entry path and its length for each context (empty for the prompt context)."""
+    entry = store.context_entry[jnp.clip(contexts, 0, store.num_contexts - 1)]
+    is_prompt = entry == PROMPT_ENTRY
+    safe = jnp.clip(entry, 0, store.num_entries - 1)
+    paths = jnp.where(is_prompt[:, None], 0, store.path[safe])
+    depth = jnp.where(is_prompt, 0, store.depth[safe])
+    return paths, depth
+
+
+class Requests(struct.PyTreeNode):
+    """Unique (parent context, token) pairs, compacted to the front, and how to find them."""
+
+    parent: Int[Array, "R"]
+    token: Int[Array, "R"]
+    valid: Bool[Array, "R"]  # the first `count` rows
+    inverse: Int[Array, "R"]  # for each original request, its row among the unique ones
+    count: Int[Array, ""]
+
+
+def dedupe(parent: Int[Array, "R"], token: Int[Array, "R"], valid: Bool[Array, "R"]) -> Requests:
+    """Deduplicates valid requests; invalid ones map to row R (out of range)."""
+    r = parent.shape[0]
+    big = jnp.iinfo(jnp.int32).max
+    p = jnp.where(valid, parent, big)
+    t = jnp.where(valid, token, big)
+    order = jnp.lexsort((t, p))
+    sp, st, sv = p[order], t[order], valid[order]
+    first = sv & jnp.concatenate([jnp.ones((1,), bool), (sp[1:] != sp[:-1]) | (st[1:] != st[:-1])])
+    group = jnp.cumsum(first) - 1
+    count = jnp.sum(first).astype(jnp.int32)
+    slot = jnp.where(first, group, r)
+    u_parent = jnp.zeros((r,), jnp.int32).at[slot].set(sp, mode="drop")
+    u_token = jnp.zeros((r,), jnp.int32).at[slot].set(st, mode="drop")
+    inverse = jnp.zeros((r,), jnp.int32).at[order].set(jnp.where(sv, group, r).astype(jnp.int32))
+    return Requests(
+        parent=u_parent, token=u_token, valid=jnp.arange(r) < count, inverse=inverse, count=count
+    )
+
+
+def _first_free(used: Bool[Array, "n"], count: int) -> Int[Array, "count"]:
+    """The first `count` indices not in use; n (out of range) where there are fewer."""
+    return jnp.nonzero(~used, size=count, fill_value=used.shape[0])[0].astype(jnp.int32)
+
+
+def extend_contexts(
+    store: ContextStore,
+    model: PagedModel,
+    prefix: PyTree,
+    parent: Int[Array, "U"],
+    token: Int[Array, "U"],
+    valid: Bool[Array, "U"],
+    keep: Int[Array, "K"],
+    summarize: Callable[[Float[Array, "U V"]], PyTree],
+) -> tuple[ContextStore, Int[Array, "U"]]:
+    """Creates context parent + token for each valid row with one model call of U rows.
+
+    `keep` lists context ids (NO_CONTEXT entries ignored) that must survive besides the parents.
+    Returns the store and the new context ids (NO_CONTEXT for invalid rows)."""
+    n, t = store.num_entries, store.num_contexts
+    refs = jnp.concatenate([keep, jnp.where(valid, parent, NO_CONTEXT)])
+    ctx_alive = jnp.zeros((t,), bool).at[jnp.where(refs >= 0, refs, t)].set(True, mode="drop")
+    ctx_alive = ctx_alive.at[PROMPT_CONTEXT].set(True)  # the root of every continuation
+    live_paths, live_depth = context_tokens_path(store, jnp.arange(t))
+    path_used = ctx_alive[:, None] & (jnp.arange(store.max_tokens)[None] < live_depth[:, None])
+    entry_alive = jnp.zeros((n,), bool).at[jnp.where(path_used, live_paths, n)].set(True, mode="drop")
+
+    u = parent.shape[0]
+    new_entry = _first_free(entry_alive, u)
+    new_ctx = _first_free(ctx_alive, u)
+    paths, depth = context_tokens_path(store, parent)
+    full = depth >= store.max_tokens
+    overflow = jnp.any(valid & ((new_entry >= n) | (new_ctx >= t) | full))
+    ok = valid & ~full
+    write_entry = jnp.where(ok, new_entry, n)
+    write_ctx = jnp.where(ok, new_ctx, t)
+
+    logits, pool = model.step(prefix, store.pool, paths, depth, token, write_entry)
+    new_paths = paths.at[jnp.arange(u), jnp.minimum(depth, store.max_tokens - 1)].set(new_entry)
+    summaries = summarize(logits)
+    store = ContextStore(
+        pool=pool,
+        path=store.path.at[write_entry].set(new_paths, mode="drop"),
+        depth=store.depth.at[write_entry].set(depth + 1, mode="drop"),
+        context_entry=store.context_entry.at[write_ctx].set(new_entry, mode="drop"),
+        summary=jax.tree.map(lambda table, new: table.at[write_ctx].set(new, mode="drop"), store.summary, summaries),
+        overflow=store.overflow | overflow,
+    )
+    return store, jnp.where(ok, new_ctx, NO_CONTEXT)
+
+
+def bucket_sizes(max_requests: int, smallest: int = 4) -> tuple[int, ...]:
+    """Doubling batch sizes from `smallest` up to `max_requests` (always included)."""
+    sizes, size = [], min(smallest, max_requests)
+    while size < max_requests:
+        sizes.append(size)
+        size *= 2
+    return tuple(sizes) + (max_requests,)
+
+
+def extend_group(
+    stores: ContextStore,
+    model: PagedModel,
+    prefixes: PyTree,
+    parent: Int[Array, "K R"],
+    token: Int[Array, "K R"],
+    valid: Bool[Array, "K R"],
+    keep: Int[Array, "K J"],
+    summarize: Callable[[Float[Array, "U V"]], PyTree],
+    buckets: Sequence[int],
+) -> tuple[ContextStore, Int[Array, "K R"]]:
+    """`extend_contexts` for K experts of one model (stores and prefixes stacked on axis 0).
+
+    Requests are deduplicated per expert; the bucket is the smallest size holding every expert's
+    unique count, chosen by `lax.switch` outside the vmap over experts (so only that branch runs),
+    and a step without requests calls nothing. Returns the new context of every request."""
+    reqs = jax.vmap(dedupe)(parent, token, valid)
+    needed = jnp.max(reqs.count)
+    sizes = jnp.asarray(buckets)
+    branch = jnp.where(needed == 0, 0, 1 + jnp.searchsorted(sizes, needed, side="left"))
+    r = parent.shape[1]
+
+    def no_call(stores: ContextStore) -> tuple[ContextStore, Int[Array, "K R"]]:
+        return stores, jnp.full((parent.shape[0], r), NO_CONTEXT, jnp.int32)
+
+    def make_branch(size: int):
+        def run(stores: ContextStore) -> tuple[ContextStore, Int[Array, "K R"]]:
+            def one(store, prefix, req: Requests, keep_k):
+                store, created = extend_contexts(
+                    store, model, prefix, req.parent[:size], req.token[:size], req.valid[:size], keep_k, summarize
+                )
+                return store, jnp.full((r,), NO_CONTEXT, jnp.int32).at[:size].set(created)
+
+            return jax.vmap(one)(stores, prefixes, reqs, keep)
+
+        return run
+
+    stores, created = jax.lax.switch(branch, [no_call] + [make_branch(s) for s in buckets], stores)
+    new_ctx = jnp.take_along_axis(created, jnp.clip(reqs.inverse, 0, r - 1), axis=1)
+    return stores, jnp.where(valid & (reqs.inverse < r), new_ctx, NO_CONTEXT)

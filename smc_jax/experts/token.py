@@ -1,0 +1,108 @@
+"""Token-level experts: one token LM under K prompts, sharing one vocabulary.
+
+The alphabet is the model's vocabulary (A = V symbols) and EOS is symbol V: the probability of
+the model's end-of-sequence token(s) moves there. Each particle holds one context id per expert
+in that expert's `ContextStore`; a step feeds every active particle's sampled token to the model
+in one deduplicated, bucketed call for all K experts (vmapped over the prompts, parameters
+shared), and resampling copies context ids only.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+from jaxtyping import Array, Bool, Float, Int
+
+from smc_jax.experts.contexts import (
+    PROMPT_CONTEXT,
+    ContextStore,
+    PagedModel,
+    bucket_sizes,
+    extend_group,
+    init_store,
+)
+
+PyTree = Any
+
+
+class TokenExpertState(NamedTuple):
+    context: Int[Array, "M K"]  # each particle's context id in each expert's store
+    stores: ContextStore  # stacked over the K experts
+
+
+def token_logprobs(
+    logits: Float[Array, "... V"], eos_ids: tuple[int, ...], temperature: float = 1.0
+) -> Float[Array, "... V1"]:
+    """log p(a | context) over the vocabulary plus EOS, in float32: the EOS ids' mass moves to
+    the last entry (symbol V) and those ids get -inf."""
+    logp = jax.nn.log_softmax(logits.astype(jnp.float32) / temperature, axis=-1)
+    ids = jnp.asarray(eos_ids, jnp.int32)
+    eos = jax.nn.logsumexp(logp[..., ids], axis=-1, keepdims=True)
+    logp = logp.at[..., ids].set(-jnp.inf)
+    return jnp.concatenate([logp, eos], axis=-1)
+
+
+@struct.dataclass
+class TokenExperts:
+    """K experts = one `PagedModel` under K prompts (prefix states stacked on axis 0)."""
+
+    model: PagedModel
+    prefixes: PyTree  # leaves [K, ...]
+    prompt_logits: Float[Array, "K V"]
+    eos_ids: tuple[int, ...] = struct.field(pytree_node=False)
+    max_tokens: int = struct.field(pytree_node=False)
+    temperature: float = struct.field(pytree_node=False, default=1.0)
+
+    @property
+    def num_experts(self) -> int:
+        return int(self.prompt_logits.shape[0])
+
+    @property
+    def alphabet_size(self) -> int:
+        return int(self.prompt_logits.shape[-1])
+
+    def _summarize(self, logits: Float[Array, "U V"]) -> Float[Array, "U V1"]:
+        return token_logprobs(logits, self.eos_ids, self.temperature)
+
+    def init(self, num_particles: int) -> TokenExpertState:
+        # Capacities: the prompt context, M contexts referenced by particles and M created per
+        # step; every context's path at most max_tokens long (the sampler's max_length).
+        num_contexts = 2 * num_particles + 1
+        summaries = self._summarize(self.prompt_logits)
+        stores = jax.vmap(
+            lambda s: init_store(self.model, s, num_contexts * self.max_tokens, num_contexts, self.max_tokens)
+        )(summaries)
+        context = jnp.full((num_particles, self.num_experts), PROMPT_CONTEXT, jnp.int32)
+        return TokenExpertState(context=context, stores=stores)
+
+    def logprobs(self, state: TokenExpertState) -> Float[Array, "M K V1"]:
+        return jax.vmap(lambda table, ctx: table[ctx], in_axes=(0, 1), out_axes=1)(state.stores.summary, state.context)
+
+    def advance(
+        self, state: TokenExpertState, symbols: Int[Array, "M"], active: Bool[Array, "M"]
+    ) -> TokenExpertState:
+        k, m = self.num_experts, symbols.shape[0]
+        parent = state.context.T
+        tokens = jnp.broadcast_to(jnp.clip(symbols, 0, self.alphabet_size - 1), (k, m))
+        valid = jnp.broadcast_to(active, (k, m))
+        stores, new = extend_group(
+            state.stores, self.model, self.prefixes, parent, tokens, valid, parent, self._summarize, bucket_sizes(m)
+        )
+        context = jnp.where(active[:, None], new.T, state.context)
+        return TokenExpertState(context=context, stores=stores)
+
+    def reorder(self, state: TokenExpertState, ancestors: Int[Array, "M"]) -> TokenExpertState:
+        return state._replace(context=jnp.take(state.context, ancestors, axis=0))
+
+    def failure(self, state: TokenExpertState) -> str | None:
+        """Host-side check after a run: a message if the context store ran out of room."""
+        if bool(np.any(np.asarray(state.stores.overflow))):
+            return (
+                "the token context store overflowed (a continuation longer than max_tokens, or more "
+                "live contexts than its capacity); raise max_tokens / the sampler's max_length"
+            )
+        return None

@@ -1,0 +1,121 @@
+"""The context store: deduplication, paging, bucketed calls, garbage collection, overflow."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from smc_jax.experts.contexts import (
+    NO_CONTEXT,
+    PROMPT_CONTEXT,
+    bucket_sizes,
+    context_tokens_path,
+    dedupe,
+    extend_group,
+    init_store,
+)
+from smc_jax.experts.toy import NGramTokenLM
+from smc_jax.utils.compilation import count_compilations
+
+
+def test_dedupe_groups_identical_requests():
+    parent = jnp.array([3, 1, 3, 1, 0, 3])
+    token = jnp.array([5, 5, 5, 2, 5, 4])
+    valid = jnp.array([True, True, True, True, False, True])
+    req = dedupe(parent, token, valid)
+    assert int(req.count) == 4
+    pairs = {(int(p), int(t)) for p, t, v in zip(req.parent, req.token, req.valid) if v}
+    assert pairs == {(3, 5), (1, 5), (1, 2), (3, 4)}
+    for i in range(6):
+        if valid[i]:
+            j = int(req.inverse[i])
+            assert (int(req.parent[j]), int(req.token[j])) == (int(parent[i]), int(token[i]))
+        else:
+            assert int(req.inverse[i]) == 6
+
+
+def test_bucket_sizes():
+    assert bucket_sizes(20) == (4, 8, 16, 20)
+    assert bucket_sizes(3) == (3,)
+    assert bucket_sizes(16) == (4, 8, 16)
+
+
+def run_random_walk(order: int, steps: int, seed: int):
+    """K = 2 prompts, R = 6 walkers extending random tokens, with forks and deaths; every
+    walker's summary must equal the directly computed logits of its explicit token list."""
+    v, k, r, s = 5, 2, 6, steps + 1
+    lm = NGramTokenLM.random(jax.random.key(seed), vocab_size=v, order=order)
+    prompts = [[1, 2, 3], [4]]
+    prefixes, logits0 = zip(*[lm.prefill(p) for p in prompts])
+    prefixes = jnp.stack(prefixes)
+    summarize = lambda logits: logits
+    stores = jax.vmap(lambda l: init_store(lm, l, num_entries=r * s, num_contexts=2 * r, max_tokens=s))(jnp.stack(logits0))
+    ctx = jnp.full((k, r), PROMPT_CONTEXT, jnp.int32)
+    tokens_of = [[[] for _ in range(r)] for _ in range(k)]
+    rng = np.random.default_rng(seed)
+    step = jax.jit(lambda st, c, t, a: extend_group(st, lm, prefixes, c, t, a, c, summarize, bucket_sizes(r)))
+    calls = 0
+    with count_compilations() as compiles:
+        for it in range(steps):
+            tok = rng.integers(0, v, size=(k, r))
+            tok[:, 1] = tok[:, 0]  # walkers 0 and 1 are identical: one row
+            active = rng.random((k, r)) < 0.8
+            new_stores, new = step(stores, ctx, jnp.asarray(tok, jnp.int32), jnp.asarray(active))
+            calls += 1
+            new = np.asarray(new)
+            assert np.all((new >= 0) == active)
+            for e in range(k):
+                for w in range(r):
+                    if active[e, w]:
+                        tokens_of[e][w] = tokens_of[e][w] + [int(tok[e, w])]
+            ctx = jnp.where(jnp.asarray(active), jnp.asarray(new), ctx)
+            # resampling-like fork: walker 5 copies walker 2
+            ctx = ctx.at[:, 5].set(ctx[:, 2])
+            for e in range(k):
+                tokens_of[e][5] = list(tokens_of[e][2])
+            stores = new_stores
+            assert not bool(jnp.any(stores.overflow))
+            for e in range(k):
+                store_e = jax.tree.map(lambda x: x[e], stores)
+                for w in range(r):
+                    got = np.asarray(store_e.summary[int(ctx[e, w])])
+                    want = lm.logits_of(prompts[e], tokens_of[e][w])
+                    np.testing.assert_allclose(got, want, rtol=1e-6)
+                    _, depth = context_tokens_path(store_e, ctx[e, w][None])
+                    assert int(depth[0]) == len(tokens_of[e][w])
+    return compiles.count
+
+
+@pytest.mark.parametrize("order", [1, 2, 3])
+def test_paged_contexts_match_direct_computation(order):
+    run_random_walk(order, steps=7, seed=order)
+
+
+def test_no_call_when_nothing_is_requested_and_no_recompilation():
+    v, r, s = 4, 4, 4
+    lm = NGramTokenLM.random(jax.random.key(0), vocab_size=v, order=2)
+    prefix, logits0 = lm.prefill([1])
+    stores = jax.vmap(lambda l: init_store(lm, l, r * s, 2 * r, s))(logits0[None])
+    ctx = jnp.zeros((1, r), jnp.int32)
+    step = jax.jit(lambda st, c, t, a: extend_group(st, lm, prefix[None], c, t, a, c, lambda x: x, bucket_sizes(r)))
+    same, new = step(stores, ctx, jnp.zeros((1, r), jnp.int32), jnp.zeros((1, r), bool))
+    assert np.all(np.asarray(new) == NO_CONTEXT)
+    np.testing.assert_array_equal(np.asarray(same.context_entry), np.asarray(stores.context_entry))
+    inputs = [(jnp.ones((1, r), jnp.int32), jnp.arange(r)[None] < n) for n in range(r + 1)]
+    with count_compilations() as counter:
+        for tokens, active in inputs:  # every bucket, and no call at all
+            step(stores, ctx, tokens, active)
+    assert counter.count == 0
+
+
+def test_capacity_overflow_is_flagged():
+    v, r = 3, 2
+    lm = NGramTokenLM.random(jax.random.key(1), vocab_size=v, order=2)
+    prefix, logits0 = lm.prefill([0])
+    stores = jax.vmap(lambda l: init_store(lm, l, num_entries=8, num_contexts=4, max_tokens=2))(logits0[None])
+    ctx = jnp.zeros((1, r), jnp.int32)
+    step = jax.jit(lambda st, c, t: extend_group(st, lm, prefix[None], c, t, jnp.ones((1, r), bool), c, lambda x: x, (r,)))
+    for i in range(3):
+        stores, new = step(stores, ctx, jnp.array([[0, 1]], jnp.int32))
+        ctx = jnp.where(new >= 0, new, ctx)
+    assert bool(stores.overflow[0])  # the third token does not fit in max_tokens=2
