@@ -2,10 +2,11 @@
 
 from smc_jax.ensemble import NAMED_TAUS, CustomEnsemble, GeneralizedMean, contrastive, make_ensemble
 from smc_jax.experts import ExpertGroup, ExpertStack, NGramExpert, TableExpert
+from smc_jax.models import load_model
 from smc_jax.smc import SMC, SMCResult, ZeroWeightError, importance_sampling, local_ensemble
 
 __all__ = [
     "NAMED_TAUS", "CustomEnsemble", "GeneralizedMean", "contrastive", "make_ensemble",
-    "ExpertGroup", "ExpertStack", "NGramExpert", "TableExpert",
+    "ExpertGroup", "ExpertStack", "NGramExpert", "TableExpert", "load_model",
     "SMC", "SMCResult", "ZeroWeightError", "importance_sampling", "local_ensemble",
 ]

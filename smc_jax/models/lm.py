@@ -1,0 +1,164 @@
+"""`LanguageModel`: config + params + tokenizer, with jitted model calls and conveniences."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from functools import partial
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array, Bool, Float, Int
+
+from smc_jax.models import transformer
+from smc_jax.models.cache import CacheCapacityError, KVCache, PrefixCache
+from smc_jax.models.config import ModelConfig
+from smc_jax.models.params import Params, cast
+from smc_jax.models.tokenizer import Tokenizer
+
+MIN_PROMPT_BUCKET = 16
+DEFAULT_PROMPT_CAPACITY = 4096
+
+Prompt = str | Sequence[Mapping[str, str]]
+
+# One compilation per (config, shapes); `config` is hashable and static.
+forward = jax.jit(transformer.forward, static_argnames="config")
+prefill = jax.jit(transformer.prefill, static_argnames="config")
+extend = jax.jit(transformer.extend, static_argnames="config")
+decode = jax.jit(transformer.decode, static_argnames="config")
+
+
+@partial(jax.jit, static_argnames="config", donate_argnames="cache")
+def decode_step(
+    params: Params, config: ModelConfig, prefix: PrefixCache, cache: KVCache, tokens: Int[Array, " rows"]
+) -> tuple[Float[Array, "rows vocab"], KVCache]:
+    """One token per row: next-token logits and the cache with the token's keys/values appended."""
+    logits, k, v = transformer.decode(params, config, prefix, cache.k, cache.v, cache.length, tokens)
+    return logits, cache.append(k[:, :, None], v[:, :, None])
+
+
+def prompt_bucket(length: int, capacity: int) -> int:
+    """Padded prompt size: the next power of two >= length (at least MIN_PROMPT_BUCKET), at most
+    `capacity`, so prompts of different lengths share a few compilations."""
+    if length > capacity:
+        raise CacheCapacityError(
+            f"the prompt has {length} tokens but the prompt cache capacity is {capacity}; raise it with "
+            f"load_model(..., prompt_capacity={1 << (length - 1).bit_length()}) or "
+            f"model.with_prompt_capacity(n)"
+        )
+    if length < 1:
+        raise ValueError("the prompt is empty: it needs at least one token (e.g. a bos token)")
+    return min(max(MIN_PROMPT_BUCKET, 1 << (length - 1).bit_length()), capacity)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class LanguageModel:
+    """A loaded model. `params` may be float32 or bfloat16; logits are always float32."""
+
+    config: ModelConfig
+    params: Params
+    tokenizer: Tokenizer | None
+    name: str
+    source: str
+    prompt_capacity: int = DEFAULT_PROMPT_CAPACITY
+
+    @property
+    def dtype(self) -> Any:
+        return self.params["embed"].dtype
+
+    def _tok(self) -> Tokenizer:
+        if self.tokenizer is None:
+            raise ValueError(f"{self.name} was loaded without a tokenizer (none found in {self.source})")
+        return self.tokenizer
+
+    def astype(self, dtype: Any) -> LanguageModel:
+        """The same model with params cast to `dtype` (e.g. jnp.bfloat16)."""
+        return dataclasses.replace(self, params=cast(self.params, dtype))
+
+    def with_prompt_capacity(self, capacity: int) -> LanguageModel:
+        return dataclasses.replace(self, prompt_capacity=capacity)
+
+    def encode_prompt(self, prompt: Prompt, add_special_tokens: bool = True) -> list[int]:
+        """Raw text -> ids (tokenizer's default special tokens); chat messages -> ids of the chat
+        template rendering with a generation prompt."""
+        if isinstance(prompt, str):
+            return self._tok().encode(prompt, add_special_tokens=add_special_tokens)
+        return self._tok().apply_chat_template(prompt, add_generation_prompt=True)
+
+    def forward(
+        self,
+        tokens: Int[Array, "batch tokens"],
+        positions: Int[Array, "batch tokens"] | None = None,
+        mask: Bool[Array, "batch tokens"] | None = None,
+    ) -> Float[Array, "batch tokens vocab"]:
+        """Full forward pass (see `transformer.forward`); defaults: positions 0.., all valid."""
+        tokens = jnp.asarray(tokens, jnp.int32)
+        if positions is None:
+            positions = jnp.broadcast_to(jnp.arange(tokens.shape[1], dtype=jnp.int32), tokens.shape)
+        if mask is None:
+            mask = jnp.ones(tokens.shape, bool)
+        return forward(self.params, self.config, tokens, positions, mask)
+
+    def prefill(self, ids: Sequence[int]) -> tuple[PrefixCache, Float[Array, " vocab"]]:
+        """Cache of one prompt (padded to a bucket size) and the logits of the first new token."""
+        padded = np.zeros(prompt_bucket(len(ids), self.prompt_capacity), np.int32)
+        padded[: len(ids)] = ids
+        return prefill(self.params, self.config, jnp.asarray(padded), jnp.asarray(len(ids), jnp.int32))
+
+    def extend(
+        self,
+        prefix: PrefixCache,
+        suffix_k: Array,
+        suffix_v: Array,
+        suffix_len: Int[Array, " rows"],
+        tokens: Int[Array, "rows new"],
+    ) -> tuple[Float[Array, "rows new vocab"], Array, Array]:
+        """See `transformer.extend`."""
+        return extend(self.params, self.config, prefix, suffix_k, suffix_v, suffix_len, tokens)
+
+    def decode(
+        self,
+        prefix: PrefixCache,
+        suffix_k: Array,
+        suffix_v: Array,
+        suffix_len: Int[Array, " rows"],
+        tokens: Int[Array, " rows"],
+    ) -> tuple[Float[Array, "rows vocab"], Array, Array]:
+        """See `transformer.decode`."""
+        return decode(self.params, self.config, prefix, suffix_k, suffix_v, suffix_len, tokens)
+
+    def new_cache(self, rows: int, capacity: int) -> KVCache:
+        """An empty continuation cache in the params dtype."""
+        return KVCache.init(self.config, rows, capacity, self.dtype)
+
+    def greedy(self, prompt: Prompt, max_new_tokens: int, stop_at_eos: bool = True) -> list[int]:
+        """Greedy (argmax) continuation ids of `prompt`; stops after an eos token if asked."""
+        ids = self.encode_prompt(prompt)
+        if self.config.learned_positions and len(ids) + max_new_tokens > self.config.max_positions:
+            raise CacheCapacityError(
+                f"{len(ids)} prompt + {max_new_tokens} new tokens exceed the {self.config.max_positions} "
+                "learned positions of this model"
+            )
+        prefix, logits = self.prefill(ids)
+        cache = self.new_cache(rows=1, capacity=max_new_tokens)
+        eos = set(self.tokenizer.eos_token_ids) if (stop_at_eos and self.tokenizer) else set()
+        out: list[int] = []
+        for _ in range(max_new_tokens):
+            token = int(jnp.argmax(logits))
+            out.append(token)
+            if token in eos or len(out) == max_new_tokens:
+                break
+            step_logits, cache = decode_step(
+                self.params, self.config, prefix, cache, jnp.asarray([token], jnp.int32)
+            )
+            logits = step_logits[0]
+        return out
+
+    def __repr__(self) -> str:
+        return (
+            f"LanguageModel({self.name!r}, {self.config.architecture}, layers={self.config.num_layers}, "
+            f"hidden={self.config.hidden_size}, vocab={self.config.vocab_size}, dtype={self.dtype}, "
+            f"source={self.source!r})"
+        )

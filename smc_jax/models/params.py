@@ -1,0 +1,117 @@
+"""The params pytree: which arrays a model has and their shapes.
+
+Params are nested dicts of arrays. Per-layer weights are stacked with a leading layer axis under
+"layers" so the model can `jax.lax.scan` over them. Projections are stored ready for einsum:
+
+    embed        [V, D]          token embeddings (also the output head when tied)
+    pos_embed    [P, D]          learned positions (GPT-2)
+    lm_head      [V, D]          untied output head (HF layout, logits = h @ lm_head.T)
+    final_norm   {scale [D], bias [D] (LayerNorm only)}
+    layers/
+      attn_norm, mlp_norm, post_attn_norm, post_mlp_norm   {scale [L, D], bias [L, D]}
+      q_norm, k_norm                                       {scale [L, hd]}
+      q {kernel [L, D, H, hd], bias [L, H, hd]}
+      k, v {kernel [L, D, K, hd], bias [L, K, hd]}
+      o {kernel [L, H, hd, D], bias [L, D]}
+      gate, up {kernel [L, D, F], bias [L, F]}; down {kernel [L, F, D], bias [L, D]}
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from smc_jax.models.config import ModelConfig
+
+Params = dict[str, Any]
+SEP = "/"
+LAYERS = "layers"
+
+
+def _norm_shapes(config: ModelConfig, dim: int) -> dict[str, tuple[int, ...]]:
+    shapes = {"scale": (dim,)}
+    if config.norm == "layer":
+        shapes["bias"] = (dim,)
+    return shapes
+
+
+def _dense(kernel: tuple[int, ...], bias: tuple[int, ...] | None) -> dict[str, tuple[int, ...]]:
+    return {"kernel": kernel} if bias is None else {"kernel": kernel, "bias": bias}
+
+
+def layer_shapes(config: ModelConfig) -> dict[str, dict[str, tuple[int, ...]]]:
+    """Shapes of one layer's weights (without the leading layer axis)."""
+    d, h, k, hd, f = (
+        config.hidden_size,
+        config.num_heads,
+        config.num_kv_heads,
+        config.head_dim,
+        config.intermediate_size,
+    )
+    qkv_bias = config.qkv_bias
+    shapes: dict[str, dict[str, tuple[int, ...]]] = {
+        "attn_norm": _norm_shapes(config, d),
+        "mlp_norm": _norm_shapes(config, d),
+        "q": _dense((d, h, hd), (h, hd) if qkv_bias else None),
+        "k": _dense((d, k, hd), (k, hd) if qkv_bias else None),
+        "v": _dense((d, k, hd), (k, hd) if qkv_bias else None),
+        "o": _dense((h, hd, d), (d,) if config.out_bias else None),
+        "up": _dense((d, f), (f,) if config.mlp_bias else None),
+        "down": _dense((f, d), (d,) if config.mlp_bias else None),
+    }
+    if config.mlp == "gated":
+        shapes["gate"] = _dense((d, f), (f,) if config.mlp_bias else None)
+    if config.qk_norm:
+        shapes["q_norm"] = _norm_shapes(config, hd)
+        shapes["k_norm"] = _norm_shapes(config, hd)
+    if config.post_norms:
+        shapes["post_attn_norm"] = _norm_shapes(config, d)
+        shapes["post_mlp_norm"] = _norm_shapes(config, d)
+    return shapes
+
+
+def param_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Flat map "path/to/leaf" -> full shape (per-layer leaves include the layer axis)."""
+    d, v = config.hidden_size, config.vocab_size
+    flat: dict[str, tuple[int, ...]] = {"embed": (v, d)}
+    if config.learned_positions:
+        flat["pos_embed"] = (config.max_positions, d)
+    if not config.tie_embeddings:
+        flat["lm_head"] = (v, d)
+    for leaf, shape in _norm_shapes(config, d).items():
+        flat[f"final_norm{SEP}{leaf}"] = shape
+    for module, leaves in layer_shapes(config).items():
+        for leaf, shape in leaves.items():
+            flat[SEP.join((LAYERS, module, leaf))] = (config.num_layers, *shape)
+    return flat
+
+
+def unflatten(flat: dict[str, Any]) -> Params:
+    """{"a/b/c": x} -> {"a": {"b": {"c": x}}}."""
+    tree: Params = {}
+    for path, value in flat.items():
+        node = tree
+        *parents, leaf = path.split(SEP)
+        for key in parents:
+            node = node.setdefault(key, {})
+        node[leaf] = value
+    return tree
+
+
+def flatten(params: Params) -> dict[str, Any]:
+    """Inverse of `unflatten`."""
+    leaves = jax.tree_util.tree_flatten_with_path(params)[0]
+    return {SEP.join(str(key.key) for key in path): leaf for path, leaf in leaves}
+
+
+def cast(params: Params, dtype: Any) -> Params:
+    """All floating leaves to `dtype` (e.g. jnp.bfloat16 for half the memory)."""
+    return jax.tree_util.tree_map(lambda x: jnp.asarray(x, dtype), params)
+
+
+def to_device(flat: dict[str, np.ndarray], dtype: Any) -> Params:
+    """Host arrays (flat) -> device params pytree in `dtype`."""
+    return unflatten({path: jnp.asarray(array, dtype) for path, array in flat.items()})

@@ -1,0 +1,342 @@
+"""The decoder-only transformer as pure functions over a params pytree (see `params.py`).
+
+One layer, for every family (`config` switches the optional parts):
+
+    h = x + PostNorm_a(Attn(Norm_a(x)))          PostNorm only when config.post_norms (Gemma)
+    y = h + PostNorm_m(MLP(Norm_m(h)))
+
+Attention for query i at absolute position p_i over keys j at positions p_j:
+
+    softmax_j( scale * q_i . k_j + mask_ij ) v_j,   visible iff valid_j and p_j <= p_i and
+                                                 (layer is global or p_i - p_j < window)
+
+The layers are stacked and run with `jax.lax.scan`; per-layer RoPE frequencies, query scales and
+sliding/global flags are arrays scanned alongside the weights, so one layer body is compiled.
+
+Three entry points share that body; they differ only in where the keys come from:
+  * `forward`: a batch of sequences attends to itself (no cache).
+  * `prefill`: one prompt; returns its keys/values as a `PrefixCache`.
+  * `extend` (and `decode` = extend with one token): R rows continue ONE shared prompt; row r
+    attends to the prompt cache, to its own continuation cache, and causally to its new tokens.
+
+Logits are float32 whatever the params dtype (the head matmul accumulates in float32), and the
+attention softmax runs in float32.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, Bool, Float, Int
+
+from smc_jax.models.cache import PrefixCache
+from smc_jax.models.config import ModelConfig
+from smc_jax.models.params import Params
+
+F32 = jnp.float32
+# Score of a masked key. Finite, so a query with no visible key (a padding query) gets a uniform,
+# harmless distribution instead of NaN; `where` (not addition) keeps it from overflowing.
+MASK_VALUE = float(jnp.finfo(F32).min)
+
+
+class Keys(NamedTuple):
+    """One block of keys/values a query may attend to.
+
+    Either shared by all rows (k: [S, kv_heads, hd], pos/valid: [S]) or per row
+    (k: [R, S, kv_heads, hd], pos/valid: [R, S]).
+    """
+
+    k: Float[Array, "*rows keys kv_heads head_dim"]
+    v: Float[Array, "*rows keys kv_heads head_dim"]
+    pos: Int[Array, "*rows keys"]
+    valid: Bool[Array, "*rows keys"]
+
+    @property
+    def shared(self) -> bool:
+        return self.k.ndim == 3
+
+
+def _norm(x: Float[Array, "... d"], p: dict[str, Array], config: ModelConfig) -> Float[Array, "... d"]:
+    """RMSNorm: x / rms(x) * (offset + w); LayerNorm: (x - mean) / std * w + b. In float32."""
+    xf = x.astype(F32)
+    if config.norm == "rms":
+        y = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + config.norm_eps)
+        y = y * (config.norm_offset + p["scale"].astype(F32))
+    else:
+        centered = xf - jnp.mean(xf, axis=-1, keepdims=True)
+        var = jnp.mean(centered * centered, axis=-1, keepdims=True)
+        y = centered * jax.lax.rsqrt(var + config.norm_eps) * p["scale"].astype(F32)
+        y = y + p["bias"].astype(F32)
+    return y.astype(x.dtype)
+
+
+_ACTIVATIONS: dict[str, Callable[[Array], Array]] = {
+    "silu": jax.nn.silu,
+    "gelu_tanh": lambda x: jax.nn.gelu(x, approximate=True),
+    "gelu": lambda x: jax.nn.gelu(x, approximate=False),
+}
+
+
+def _dense(x: Array, p: dict[str, Array], spec: str) -> Array:
+    y = jnp.einsum(spec, x, p["kernel"])
+    return y + p["bias"] if "bias" in p else y
+
+
+def _rope(
+    x: Float[Array, "rows tokens heads head_dim"],
+    positions: Int[Array, "rows tokens"],
+    inv_freq: Float[Array, " half_rotary"],
+) -> Float[Array, "rows tokens heads head_dim"]:
+    """Rotate pairs (i, i + r/2) of the first r dims by angle position * inv_freq[i]."""
+    rotary = 2 * inv_freq.shape[0]
+    angles = positions[..., None].astype(F32) * inv_freq  # [R, T, r/2]
+    angles = jnp.concatenate([angles, angles], axis=-1)[:, :, None, :]
+    cos, sin = jnp.cos(angles), jnp.sin(angles)
+    xr, rest = x[..., :rotary].astype(F32), x[..., rotary:]
+    half = rotary // 2
+    rotated = jnp.concatenate([-xr[..., half:], xr[..., :half]], axis=-1)
+    out = (xr * cos + rotated * sin).astype(x.dtype)
+    return jnp.concatenate([out, rest], axis=-1) if rest.shape[-1] else out
+
+
+def _attend(
+    q: Float[Array, "rows tokens heads head_dim"],
+    q_pos: Int[Array, "rows tokens"],
+    blocks: Sequence[Keys],
+    scale: Float[Array, ""],
+    sliding: Bool[Array, ""],
+    config: ModelConfig,
+) -> Float[Array, "rows tokens heads head_dim"]:
+    """Softmax attention of every query over the concatenation of the key blocks.
+
+    Grouped-query: head h uses kv head h // (heads / kv_heads). A shared block is read once for
+    all rows (an einsum without a row axis on the keys), never copied per row.
+    """
+    rows, tokens, heads, hd = q.shape
+    kv_heads = config.num_kv_heads
+    qg = q.reshape(rows, tokens, kv_heads, heads // kv_heads, hd)
+    qp = q_pos[:, :, None]
+    scores, visible = [], []
+    for block in blocks:
+        spec = "rtkgd,skd->rtkgs" if block.shared else "rtkgd,rskd->rtkgs"
+        scores.append(jnp.einsum(spec, qg, block.k, preferred_element_type=F32))
+        kp = block.pos[None, None, :] if block.shared else block.pos[:, None, :]
+        ok = block.valid[None, None, :] if block.shared else block.valid[:, None, :]
+        ok = ok & (kp <= qp)
+        if config.uses_sliding_window:
+            ok = ok & (~sliding | (qp - kp < config.sliding_window))
+        visible.append(jnp.broadcast_to(ok, (rows, tokens, block.k.shape[-3])))
+    s = jnp.concatenate(scores, axis=-1) * scale
+    s = jnp.where(jnp.concatenate(visible, axis=-1)[:, :, None, None, :], s, MASK_VALUE)
+    probs = jax.nn.softmax(s, axis=-1)
+    out = jnp.zeros(qg.shape, F32)
+    start = 0
+    for block in blocks:
+        size = block.k.shape[-3]
+        p = probs[..., start : start + size].astype(block.v.dtype)
+        spec = "rtkgs,skd->rtkgd" if block.shared else "rtkgs,rskd->rtkgd"
+        out = out + jnp.einsum(spec, p, block.v, preferred_element_type=F32)
+        start += size
+    return out.reshape(rows, tokens, heads, hd).astype(q.dtype)
+
+
+def _mlp(x: Float[Array, "rows tokens d"], lp: Params, config: ModelConfig) -> Float[Array, "rows tokens d"]:
+    act = _ACTIVATIONS[config.activation]
+    up = _dense(x, lp["up"], "rtd,df->rtf")
+    hidden = act(_dense(x, lp["gate"], "rtd,df->rtf")) * up if config.mlp == "gated" else act(up)
+    return _dense(hidden, lp["down"], "rtf,fd->rtd")
+
+
+class _LayerMeta(NamedTuple):
+    """Per-layer constants scanned alongside the weights."""
+
+    inv_freq: Float[Array, "layers half_rotary"]
+    scale: Float[Array, " layers"]
+    sliding: Bool[Array, " layers"]
+
+
+def _layer_meta(config: ModelConfig) -> _LayerMeta:
+    return _LayerMeta(
+        inv_freq=jnp.asarray(config.layer_inv_freq()),
+        scale=jnp.asarray(config.layer_query_scale()),
+        sliding=jnp.asarray(config.sliding_layers, bool),
+    )
+
+
+ContextFn = Callable[[Any], list[Keys]]
+"""Builds a layer's cached key blocks from that layer's slice of the scanned cache arrays."""
+
+
+def _decoder(
+    params: Params,
+    config: ModelConfig,
+    x: Float[Array, "rows tokens d"],
+    q_pos: Int[Array, "rows tokens"],
+    q_valid: Bool[Array, "rows tokens"],
+    context_kv: Any = None,
+    context: ContextFn = lambda _: [],
+) -> tuple[Float[Array, "rows tokens d"], tuple[Array, Array]]:
+    """Run all layers; returns the final hidden states and every layer's new k, v.
+
+    `context_kv` is a pytree of per-layer cache arrays (leading layer axis) and `context` turns one
+    layer's slice into the key blocks that precede the new tokens.
+    """
+
+    def layer(x: Array, xs: tuple[Params, _LayerMeta, Any]) -> tuple[Array, tuple[Array, Array]]:
+        lp, meta, kv = xs
+        h = _norm(x, lp["attn_norm"], config)
+        q = _dense(h, lp["q"], "rtd,dhk->rthk")
+        k = _dense(h, lp["k"], "rtd,dhk->rthk")
+        v = _dense(h, lp["v"], "rtd,dhk->rthk")
+        if config.qk_norm:
+            q, k = _norm(q, lp["q_norm"], config), _norm(k, lp["k_norm"], config)
+        if config.rope is not None:
+            q, k = _rope(q, q_pos, meta.inv_freq), _rope(k, q_pos, meta.inv_freq)
+        blocks = [*context(kv), Keys(k, v, q_pos, q_valid)]
+        attn = _attend(q, q_pos, blocks, meta.scale, meta.sliding, config)
+        out = _dense(attn, lp["o"], "rthk,hkd->rtd")
+        if config.post_norms:
+            out = _norm(out, lp["post_attn_norm"], config)
+        x = x + out
+        out = _mlp(_norm(x, lp["mlp_norm"], config), lp, config)
+        if config.post_norms:
+            out = _norm(out, lp["post_mlp_norm"], config)
+        return x + out, (k, v)
+
+    return jax.lax.scan(layer, x, (params["layers"], _layer_meta(config), context_kv))
+
+
+def _embed(
+    params: Params, config: ModelConfig, tokens: Int[Array, "rows tokens"], positions: Int[Array, "rows tokens"]
+) -> Float[Array, "rows tokens d"]:
+    table = params["embed"]
+    x = table[tokens] * jnp.asarray(config.embed_scale, table.dtype)
+    if config.learned_positions:
+        x = x + params["pos_embed"][positions]
+    return x
+
+
+def _logits(params: Params, config: ModelConfig, h: Float[Array, "*batch d"]) -> Float[Array, "*batch vocab"]:
+    """Final norm, then h @ head.T accumulated in float32 (optionally soft-capped)."""
+    h = _norm(h, params["final_norm"], config)
+    head = params["embed"] if config.tie_embeddings else params["lm_head"]
+    logits = jnp.einsum("...d,vd->...v", h, head, preferred_element_type=F32)
+    if config.final_softcap is not None:
+        logits = jnp.tanh(logits / config.final_softcap) * config.final_softcap
+    return logits
+
+
+def forward(
+    params: Params,
+    config: ModelConfig,
+    tokens: Int[Array, "batch tokens"],
+    positions: Int[Array, "batch tokens"],
+    mask: Bool[Array, "batch tokens"],
+) -> Float[Array, "batch tokens vocab"]:
+    """Full causal forward pass, no cache. Key j is visible to query i iff mask[j] and
+    positions[j] <= positions[i] (within the window on sliding layers), so left or right padding
+    with mask False leaves the other tokens' logits unchanged; padded rows' logits are garbage."""
+    x = _embed(params, config, tokens, positions)
+    h, _ = _decoder(params, config, x, positions, mask)
+    return _logits(params, config, h)
+
+
+def prefill(
+    params: Params, config: ModelConfig, tokens: Int[Array, " padded"], length: Int[Array, ""]
+) -> tuple[PrefixCache, Float[Array, " vocab"]]:
+    """Run one prompt, right-padded to a bucket size; return its cache and the next-token logits.
+
+    Padding meets the cache here: tokens[length:] are padding. They are still computed (shapes are
+    static) and their keys/values land in the cache at slots length..T_pad-1, but every reader
+    masks them out: `extend` treats prefix slot j as a key only if j < prefix.length. Padding
+    never changes valid outputs either: it sits at later positions, and attention is causal. The
+    logits returned are those at position length - 1, i.e. the distribution of the first new token.
+    """
+    padded = tokens.shape[0]
+    positions = jnp.arange(padded, dtype=jnp.int32)[None]
+    x = _embed(params, config, tokens[None], positions)
+    h, (k, v) = _decoder(params, config, x, positions, positions < length)
+    last = jax.lax.dynamic_index_in_dim(h[0], length - 1, keepdims=False)
+    cache = PrefixCache(k=k[:, 0], v=v[:, 0], length=jnp.asarray(length, jnp.int32))
+    return cache, _logits(params, config, last)
+
+
+def extend(
+    params: Params,
+    config: ModelConfig,
+    prefix: PrefixCache,
+    suffix_k: Float[Array, "layers rows suffix kv_heads head_dim"],
+    suffix_v: Float[Array, "layers rows suffix kv_heads head_dim"],
+    suffix_len: Int[Array, " rows"],
+    tokens: Int[Array, "rows new"],
+) -> tuple[Float[Array, "rows new vocab"], Float[Array, "layers rows new kv_heads head_dim"], Array]:
+    """Feed T new tokens to each of R rows that continue one shared prompt.
+
+    Row r's new token t sits at absolute position prefix.length + suffix_len[r] + t and attends to
+
+      * prompt slots [0, prefix.length)          (one shared block: read once for all rows),
+      * its continuation slots [0, suffix_len[r]) at positions prefix.length + s,
+      * its new tokens 0..t (causal).
+
+    Padding meets the cache in two places. The prompt cache is right-padded to a bucket size:
+    slots >= prefix.length hold keys of padding tokens and are masked. Each row's continuation
+    cache is a fixed-size buffer of which only the first suffix_len[r] slots are written; the rest
+    is stale (zeros, or keys of a row that was resampled away) and is masked, and its positions are
+    computed as if it followed the valid part, so masking it is all that is needed. Because the
+    continuation starts right after prefix.length (not after the padded prompt), RoPE positions
+    match an unpadded run exactly, and sliding-window layers measure distances across the prompt
+    and continuation alike.
+
+    Nothing is written: the new keys/values [layers, R, T, kv_heads, head_dim] are returned for the
+    caller to store (contiguous `KVCache.append`, or a paged pool). Rows whose last new tokens are
+    padding simply ignore those outputs; earlier tokens never see later ones.
+    """
+    rows, new = tokens.shape
+    prompt_slots = prefix.k.shape[1]
+    suffix_slots = suffix_k.shape[2]
+    start = prefix.length + suffix_len  # [R] position of each row's first new token
+    q_pos = (start[:, None] + jnp.arange(new)[None]).astype(jnp.int32)
+    prompt_pos = jnp.arange(prompt_slots, dtype=jnp.int32)
+    suffix_slot = jnp.arange(suffix_slots, dtype=jnp.int32)[None]
+    suffix_pos = jnp.broadcast_to(prefix.length + suffix_slot, (rows, suffix_slots))
+
+    def context(kv: tuple[Array, Array, Array, Array]) -> list[Keys]:
+        pk, pv, sk, sv = kv
+        return [
+            Keys(pk, pv, prompt_pos, prompt_pos < prefix.length),
+            Keys(sk, sv, suffix_pos, suffix_slot < suffix_len[:, None]),
+        ]
+
+    x = _embed(params, config, tokens, q_pos)
+    h, (k, v) = _decoder(
+        params,
+        config,
+        x,
+        q_pos,
+        jnp.ones((rows, new), bool),
+        (prefix.k, prefix.v, suffix_k, suffix_v),
+        context,
+    )
+    return _logits(params, config, h), k, v
+
+
+def decode(
+    params: Params,
+    config: ModelConfig,
+    prefix: PrefixCache,
+    suffix_k: Float[Array, "layers rows suffix kv_heads head_dim"],
+    suffix_v: Float[Array, "layers rows suffix kv_heads head_dim"],
+    suffix_len: Int[Array, " rows"],
+    tokens: Int[Array, " rows"],
+) -> tuple[Float[Array, "rows vocab"], Float[Array, "layers rows kv_heads head_dim"], Array]:
+    """`extend` with one new token per row: logits [R, V] and new k, v [layers, R, kv_heads, hd]."""
+    logits, k, v = extend(params, config, prefix, suffix_k, suffix_v, suffix_len, tokens[:, None])
+    return logits[:, 0], k[:, :, 0], v[:, :, 0]
+
+
+def log_softmax(logits: Float[Array, "... vocab"]) -> Float[Array, "... vocab"]:
+    """Next-token log-probabilities in float32."""
+    return jax.nn.log_softmax(logits.astype(F32), axis=-1)

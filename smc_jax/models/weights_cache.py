@@ -1,0 +1,130 @@
+"""On-disk cache of converted checkpoints, so a GGUF file is parsed and dequantized only once.
+
+Opening Gemma 3's GGUF file parses 262k token strings (~13 s), its tokenizer conversion takes as
+long again, and dequantizing takes ~3 s. An entry stores the result instead: the float32 params as
+one safetensors file, the ModelConfig and eos ids as JSON and the tokenizer as `save_pretrained`
+files. Entries live in `$SMC_JAX_CACHE_DIR` (default ~/.cache/smc_jax), are keyed on the source
+file's name, size and modification time (and this format's version), and are written to a
+temporary folder that is renamed into place, so a reader never sees a half-written entry and two
+writers cannot corrupt each other. Set SMC_JAX_NO_CACHE=1 to bypass the cache.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import shutil
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import safetensors.numpy
+
+from smc_jax.models.config import ModelConfig
+
+CACHE_DIR_ENV = "SMC_JAX_CACHE_DIR"
+NO_CACHE_ENV = "SMC_JAX_NO_CACHE"
+DEFAULT_CACHE_DIR = Path("~/.cache/smc_jax")
+FORMAT_VERSION = 1
+PARAMS_FILE = "params.safetensors"
+META_FILE = "meta.json"
+TOKENIZER_DIR = "tokenizer"
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Converted:
+    """A checkpoint converted to this package's layout (host arrays)."""
+
+    config: ModelConfig
+    flat_params: dict[str, np.ndarray]
+    hf_tokenizer: Any | None
+    eos_token_ids: tuple[int, ...]
+
+
+def cache_enabled() -> bool:
+    return os.environ.get(NO_CACHE_ENV, "") not in ("1", "true", "yes")
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get(CACHE_DIR_ENV, DEFAULT_CACHE_DIR)).expanduser()
+
+
+def entry_path(source: Path, name: str) -> Path:
+    """Where the conversion of `source` is cached: changes whenever the file changes."""
+    stat = source.stat()
+    return cache_root() / f"{_safe(name)}-{stat.st_size}-{stat.st_mtime_ns}-v{FORMAT_VERSION}"
+
+
+def _safe(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", name)
+
+
+def _read(entry: Path) -> Converted:
+    from transformers import AutoTokenizer
+
+    meta = json.loads((entry / META_FILE).read_text())
+    tokenizer_dir = entry / TOKENIZER_DIR
+    return Converted(
+        config=ModelConfig.from_dict(meta["config"]),
+        flat_params=safetensors.numpy.load_file(entry / PARAMS_FILE),
+        hf_tokenizer=AutoTokenizer.from_pretrained(tokenizer_dir) if tokenizer_dir.is_dir() else None,
+        eos_token_ids=tuple(meta["eos_token_ids"]),
+    )
+
+
+def _write(entry: Path, converted: Converted, source: Path) -> None:
+    entry.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{entry.name}.tmp-", dir=entry.parent))
+    try:
+        flat = {k: np.ascontiguousarray(v) for k, v in converted.flat_params.items()}
+        safetensors.numpy.save_file(flat, tmp / PARAMS_FILE)
+        if converted.hf_tokenizer is not None:
+            converted.hf_tokenizer.save_pretrained(tmp / TOKENIZER_DIR)
+        meta = {
+            "format_version": FORMAT_VERSION,
+            "source": str(source),
+            "config": converted.config.to_dict(),
+            "eos_token_ids": list(converted.eos_token_ids),
+        }
+        (tmp / META_FILE).write_text(json.dumps(meta, indent=1))
+        os.rename(tmp, entry)  # atomic; fails if another process stored the entry first
+    except OSError:
+        if not entry.is_dir():
+            raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _remove_stale(entry: Path, name: str) -> None:
+    """Drop entries of older versions of the same source file (same name, other size/mtime)."""
+    pattern = re.compile(re.escape(name) + r"-\d+-\d+-v\d+")
+    for other in entry.parent.iterdir():
+        if other != entry and other.is_dir() and pattern.fullmatch(other.name):
+            shutil.rmtree(other, ignore_errors=True)
+
+
+def cached_conversion(source: Path, name: str, convert: Callable[[], Converted]) -> Converted:
+    """`convert()`, or its stored result for this exact `source` file."""
+    if not cache_enabled():
+        return convert()
+    entry = entry_path(source, name)
+    if entry.is_dir():
+        try:
+            return _read(entry)
+        except Exception as error:  # a damaged entry: convert again and replace it
+            log.warning("ignoring damaged cache entry %s (%s)", entry, error)
+            shutil.rmtree(entry, ignore_errors=True)
+    converted = convert()
+    try:
+        _write(entry, converted, source)
+        _remove_stale(entry, _safe(name))
+    except OSError as error:  # a read-only or full disk must not stop the load
+        log.warning("could not cache the converted weights in %s (%s)", entry, error)
+    return converted

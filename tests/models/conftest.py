@@ -1,0 +1,28 @@
+"""Fixtures for the model-port tests: tiny random HF checkpoints, built once per session."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import tiny_checkpoints
+
+
+@pytest.fixture(scope="session")
+def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("tiny_models")
+
+
+@pytest.fixture(scope="session")
+def tiny(tiny_dir: Path) -> Any:
+    """tiny(arch) -> (checkpoint directory, torch reference model), cached per session."""
+    built: dict[str, tuple[Path, Any]] = {}
+
+    def get(arch: str) -> tuple[Path, Any]:
+        if arch not in built:
+            directory = tiny_dir / arch
+            built[arch] = (directory, tiny_checkpoints.build(arch, directory))
+        return built[arch]
+
+    return get

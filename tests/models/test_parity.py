@@ -1,0 +1,201 @@
+"""Parity with transformers (PyTorch) on tiny random checkpoints of every architecture.
+
+Each checkpoint is saved by transformers' `save_pretrained` and loaded by our loader; logits must
+match the torch model within 1e-5 in float32, with and without padding, and cached decoding
+(prefill + extend/decode steps, rows of different lengths) must equal the full forward pass.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import tiny_checkpoints as tc
+
+from smc_jax.models import KVCache, load_model
+from smc_jax.models import lm
+from smc_jax.models.lm import forward as jit_forward
+from smc_jax.models.params import to_device
+from smc_jax.models.safetensors_loader import load_hf_checkpoint
+
+ATOL = 1e-5
+SEQ = 12
+ROWS = 3
+
+
+def _load(directory):
+    config, flat = load_hf_checkpoint(directory)
+    return config, to_device(flat, jnp.float32)
+
+
+def _full(tokens: np.ndarray):
+    positions = np.broadcast_to(np.arange(tokens.shape[1]), tokens.shape)
+    return jnp.asarray(tokens, jnp.int32), jnp.asarray(positions, jnp.int32), jnp.ones(tokens.shape, bool)
+
+
+@pytest.mark.parametrize("arch", tc.ARCHITECTURES)
+def test_forward_matches_transformers(arch, tiny):
+    directory, reference = tiny(arch)
+    config, params = _load(directory)
+    tokens = np.random.default_rng(1).integers(0, tc.VOCAB, size=(ROWS, SEQ))
+    expected = tc.torch_logits(reference, tokens)
+    got = jit_forward(params, config, *_full(tokens))
+    assert got.dtype == jnp.float32
+    np.testing.assert_allclose(np.asarray(got), expected, atol=ATOL, rtol=0)
+
+
+def test_gemma3_window_is_exercised(tiny):
+    """The Gemma 3 tiny config mixes sliding and global layers, and the window is shorter than
+    the sequences, so ignoring the window (or applying it everywhere) changes the logits."""
+    directory, _ = tiny("gemma3")
+    config, params = _load(directory)
+    assert config.sliding_layers == (True, False, True, False)
+    assert config.sliding_window < SEQ
+    tokens = _full(np.random.default_rng(1).integers(0, tc.VOCAB, size=(1, SEQ)))
+    base = jit_forward(params, config, *tokens)
+    for sliding in ((False,) * 4, (True,) * 4):
+        changed = jit_forward(params, dataclasses.replace(config, sliding_layers=sliding), *tokens)
+        assert np.abs(np.asarray(changed - base))[0, config.sliding_window :].max() > 1e-3
+
+
+@pytest.mark.parametrize("arch", tc.ARCHITECTURES)
+def test_padding_leaves_valid_logits_unchanged(arch, tiny):
+    """Left- and right-padded rows (mask False, positions counted from each row's first real
+    token) give the logits of the unpadded sequences."""
+    directory, reference = tiny(arch)
+    config, params = _load(directory)
+    rng = np.random.default_rng(2)
+    lengths, left_pad = [SEQ, 7, 9], [0, 5, 0]
+    tokens = np.zeros((ROWS, SEQ), np.int64)
+    positions = np.zeros((ROWS, SEQ), np.int64)
+    mask = np.zeros((ROWS, SEQ), bool)
+    rows = []
+    for r, (n, pad) in enumerate(zip(lengths, left_pad)):
+        row = rng.integers(0, tc.VOCAB, size=n)
+        rows.append(row)
+        tokens[r, pad : pad + n] = row
+        positions[r, pad : pad + n] = np.arange(n)
+        mask[r, pad : pad + n] = True
+    got = np.asarray(jit_forward(params, config, jnp.asarray(tokens), jnp.asarray(positions), jnp.asarray(mask)))
+    for r, (row, pad) in enumerate(zip(rows, left_pad)):
+        expected = tc.torch_logits(reference, row[None])[0]
+        np.testing.assert_allclose(got[r, pad : pad + len(row)], expected, atol=ATOL, rtol=0)
+
+
+@pytest.mark.parametrize("arch", tc.ARCHITECTURES)
+def test_cached_decoding_equals_full_forward(arch, tiny):
+    """Prefill a shared prompt, then rows of different lengths: one 3-token extend, then 1-token
+    decode steps; rows that have finished feed padding that the cache append masks out."""
+    directory, _ = tiny(arch)
+    config, params = _load(directory)
+    rng = np.random.default_rng(3)
+    prompt_len, padded = 5, 8
+    prompt = rng.integers(0, tc.VOCAB, size=prompt_len)
+    lengths = np.array([7, 3, 6])
+    continuation = rng.integers(0, tc.VOCAB, size=(ROWS, lengths.max()))
+
+    tokens = np.zeros(padded, np.int32)
+    tokens[:prompt_len] = prompt
+    prefix, last = lm.prefill(params, config, jnp.asarray(tokens), jnp.asarray(prompt_len))
+    full_prompt = jit_forward(params, config, *_full(prompt[None]))
+    np.testing.assert_allclose(np.asarray(last), np.asarray(full_prompt[0, -1]), atol=ATOL, rtol=0)
+
+    cache = KVCache.init(config, ROWS, capacity=int(lengths.max()))
+    got = np.zeros((ROWS, lengths.max(), config.vocab_size), np.float32)
+    first = 3
+    logits, k, v = lm.extend(
+        params, config, prefix, cache.k, cache.v, cache.length, jnp.asarray(continuation[:, :first])
+    )
+    got[:, :first] = np.asarray(logits)
+    cache = cache.append(k, v, jnp.asarray(np.arange(first)[None] < lengths[:, None]))
+    for step in range(first, lengths.max()):
+        logits, k, v = lm.decode(
+            params, config, prefix, cache.k, cache.v, cache.length, jnp.asarray(continuation[:, step])
+        )
+        got[:, step] = np.asarray(logits)
+        cache = cache.append(k[:, :, None], v[:, :, None], jnp.asarray(step < lengths)[:, None])
+    np.testing.assert_array_equal(np.asarray(cache.length), lengths)
+
+    # Reference: one full forward pass over prompt + continuation (right padding is masked).
+    sequences = np.concatenate([np.broadcast_to(prompt, (ROWS, prompt_len)), continuation], axis=1)
+    tokens, positions, mask = _full(sequences)
+    mask = jnp.asarray(np.arange(sequences.shape[1])[None] < prompt_len + lengths[:, None])
+    expected = np.asarray(jit_forward(params, config, tokens, positions, mask))[:, prompt_len:]
+    for r in range(ROWS):
+        np.testing.assert_allclose(got[r, : lengths[r]], expected[r, : lengths[r]], atol=ATOL, rtol=0)
+
+
+def test_sharded_checkpoint_loads_the_same(tiny, tmp_path):
+    directory, _ = tiny("qwen2")
+    sharded = tmp_path / "sharded"
+    tc.build("qwen2", sharded, max_shard_size="20KB")
+    assert (sharded / "model.safetensors.index.json").is_file()
+    assert len(list(sharded.glob("*.safetensors"))) > 2
+    _, flat = load_hf_checkpoint(directory)
+    _, flat_sharded = load_hf_checkpoint(sharded)
+    assert flat.keys() == flat_sharded.keys()
+    for key in flat:
+        np.testing.assert_array_equal(flat[key], flat_sharded[key])
+
+
+def test_vmap_over_prompts_equals_separate_calls(tiny):
+    """Within-model ensembles vmap prefill/extend over an expert axis with params unbatched."""
+    directory, _ = tiny("gemma3")
+    config, params = _load(directory)
+    rng = np.random.default_rng(4)
+    prompts = jnp.asarray(rng.integers(0, tc.VOCAB, size=(2, 8)), jnp.int32)
+    lengths = jnp.asarray([6, 8], jnp.int32)
+    prefixes, lasts = jax.jit(jax.vmap(lambda t, n: lm.prefill(params, config, t, n)))(prompts, lengths)
+    cache = KVCache.init(config, ROWS, capacity=4)
+    cache = cache.append(*lm.extend(
+        params, config, jax.tree.map(lambda x: x[0], prefixes), cache.k, cache.v, cache.length,
+        jnp.asarray(rng.integers(0, tc.VOCAB, size=(ROWS, 2)), jnp.int32),
+    )[1:])
+    tokens = jnp.asarray(rng.integers(0, tc.VOCAB, size=(2, ROWS, 2)), jnp.int32)
+    stack = lambda x: jnp.stack([x, x])  # noqa: E731
+    batched = jax.jit(jax.vmap(
+        lambda prefix, sk, sv, sl, tok: lm.extend(params, config, prefix, sk, sv, sl, tok)
+    ))(prefixes, stack(cache.k), stack(cache.v), stack(cache.length), tokens)
+    for e in range(2):
+        prefix = jax.tree.map(lambda x: x[e], prefixes)
+        single_prefix, single_last = lm.prefill(params, config, prompts[e], lengths[e])
+        np.testing.assert_allclose(np.asarray(lasts[e]), np.asarray(single_last), atol=ATOL, rtol=0)
+        np.testing.assert_allclose(np.asarray(prefix.k), np.asarray(single_prefix.k), atol=ATOL, rtol=0)
+        single = lm.extend(params, config, prefix, cache.k, cache.v, cache.length, tokens[e])
+        for got, want in zip(batched, single):
+            np.testing.assert_allclose(np.asarray(got[e]), np.asarray(want), atol=ATOL, rtol=0)
+
+
+def test_bfloat16_params_give_float32_logits(tiny):
+    directory, _ = tiny("llama")
+    model = load_model(directory)
+    half = model.astype(jnp.bfloat16)
+    assert half.params["layers"]["q"]["kernel"].dtype == jnp.bfloat16
+    tokens = np.random.default_rng(5).integers(0, tc.VOCAB, size=(2, SEQ))
+    full, reduced = model.forward(tokens), half.forward(tokens)
+    assert reduced.dtype == jnp.float32
+    assert np.abs(np.asarray(full - reduced)).max() < 0.05 * np.abs(np.asarray(full)).max()
+    assert np.isfinite(np.asarray(jax.nn.log_softmax(reduced))).all()
+    prefix, last = half.prefill(tokens[0].tolist())
+    assert prefix.k.dtype == jnp.bfloat16 and last.dtype == jnp.float32
+
+
+def test_decode_does_not_recompile(tiny, caplog):
+    """Two decode calls with the same shapes compile once; a new prompt length in the same
+    bucket reuses the prefill compilation."""
+    directory, _ = tiny("llama_bias")
+    model = load_model(directory)
+    prefix, _ = model.prefill([3, 4, 5])
+    cache = model.new_cache(rows=2, capacity=4)
+    tokens, other_tokens = jnp.asarray([7, 8], jnp.int32), jnp.asarray([9, 10], jnp.int32)
+    other_length = jnp.asarray([1, 2], jnp.int32)
+    model.decode(prefix, cache.k, cache.v, cache.length, tokens)  # warm-up compile
+    with jax.log_compiles(), caplog.at_level("WARNING"):
+        caplog.clear()
+        model.decode(prefix, cache.k, cache.v, other_length, other_tokens)
+        model.prefill([3, 4, 5, 6, 7])
+    compiles = [r for r in caplog.records if "Compiling" in r.getMessage()]
+    assert compiles == [], [r.getMessage() for r in compiles]
