@@ -6,7 +6,7 @@ import jax
 import numpy as np
 import pytest
 
-from expert_contract import check_expert_group
+from tests.expert_contract import check_expert_group
 from smc_jax.ensemble import make_ensemble
 from smc_jax.experts import ExpertStack, NGramExpert, TableExpert
 from smc_jax.smc import SMC, ZeroWeightError, importance_sampling, local_ensemble

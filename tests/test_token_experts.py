@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from expert_contract import check_expert_group
+from tests.expert_contract import check_expert_group
 from smc_jax.ensemble import make_ensemble
 from smc_jax.exact import exact_target
 from smc_jax.experts.toy import NGramTokenLM

@@ -74,18 +74,29 @@ def build_sum_tree(logp: Float[ArrayLike, "... n"]) -> SumTree:
     return SumTree(jnp.concatenate([unused, *reversed(levels)], axis=-1), num_leaves)
 
 
+def _cells_at(tree: SumTree, cells: Int[Array, "*q c"], row: Int[ArrayLike, "*r"] | None) -> Float[Array, "*q c"]:
+    """tree.cells[cells] for a single tree, or tree.cells[row, cells] for a table of trees
+    (reading only the needed cells of each row, never copying a whole tree)."""
+    if row is None:
+        if tree.cells.ndim != 1:
+            raise ValueError("a table of trees (cells [T, 2P]) needs the `row` of each query")
+        return tree.cells[cells]
+    if tree.cells.ndim != 2:
+        raise ValueError("`row` indexes a table of trees: cells must be [T, 2P]")
+    row = jnp.asarray(row, dtype=jnp.int32)
+    return tree.cells[row.reshape(row.shape + (1,) * (cells.ndim - row.ndim)), cells]
+
+
 def range_logmass(
-    tree: SumTree, lo: Int[ArrayLike, "*q"], hi: Int[ArrayLike, "*q"]
+    tree: SumTree, lo: Int[ArrayLike, "*q"], hi: Int[ArrayLike, "*q"], row: Int[ArrayLike, "*q"] | None = None
 ) -> Float[Array, "*q"]:
     """log sum_{lo <= i < hi} exp(x_i) for every pair (lo, hi); -inf for an empty range.
 
-    `lo` and `hi` broadcast against each other; the tree must be a single one (vmap over a
-    batch of trees). The bottom-up segment-tree walk in closed form: at level k (leaves k = 0)
+    `lo` and `hi` broadcast against each other. The tree is a single one, or a table of trees
+    (cells [T, 2P]) of which query q reads row[q]. The bottom-up segment-tree walk in closed form: at level k (leaves k = 0)
     the range is the cells [l_k, r_k) with l_k = ceil((P + lo) / 2^k), r_k = floor((P + hi) / 2^k);
     the walk takes cell l_k when l_k is odd and cell r_k - 1 when r_k is odd (if l_k < r_k).
     """
-    if tree.cells.ndim != 1:
-        raise ValueError("range_logmass takes a single tree; vmap over batched trees")
     lo = jnp.asarray(lo, dtype=jnp.int32)[..., None] + tree.num_leaves
     hi = jnp.asarray(hi, dtype=jnp.int32)[..., None] + tree.num_leaves
     level = jnp.arange(tree.num_levels + 1, dtype=jnp.int32)
@@ -96,9 +107,12 @@ def range_logmass(
     take_right = nonempty & ((right & 1) == 1)
     cells = jnp.concatenate(jnp.broadcast_arrays(left, right - 1), axis=-1)
     taken = jnp.concatenate(jnp.broadcast_arrays(take_left, take_right), axis=-1)
-    return _logsumexp(jnp.where(taken, tree.cells[cells], -jnp.inf), axis=-1)
+    return _logsumexp(jnp.where(taken, _cells_at(tree, cells, row), -jnp.inf), axis=-1)
 
 
-def leaf_logprobs(tree: SumTree, positions: Int[ArrayLike, "*q"]) -> Float[Array, "*q"]:
-    """x_i for every position i (the leaves of a single tree)."""
-    return tree.cells[jnp.asarray(positions, dtype=jnp.int32) + tree.num_leaves]
+def leaf_logprobs(
+    tree: SumTree, positions: Int[ArrayLike, "*q"], row: Int[ArrayLike, "*q"] | None = None
+) -> Float[Array, "*q"]:
+    """x_i for every position i (leaves of a single tree, or of row[q] of a table of trees)."""
+    cells = jnp.asarray(positions, dtype=jnp.int32)[..., None] + tree.num_leaves
+    return _cells_at(tree, cells, row)[..., 0]

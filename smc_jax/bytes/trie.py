@@ -123,15 +123,20 @@ def child(trie: TokenTrie, node: Int[ArrayLike, "*q"], byte: Int[ArrayLike, "*q"
     return jnp.where(found, index + 1, NO_NODE)
 
 
-def node_logmass(trie: TokenTrie, tree: SumTree, node: Int[ArrayLike, "*q"]) -> Float[Array, "*q"]:
-    """log m(u) = log sum_{lo(u) <= i < hi(u)} p(sorted token i); -inf for NO_NODE."""
+def node_logmass(
+    trie: TokenTrie, tree: SumTree, node: Int[ArrayLike, "*q"], row: Int[ArrayLike, "*q"] | None = None
+) -> Float[Array, "*q"]:
+    """log m(u) = log sum_{lo(u) <= i < hi(u)} p(sorted token i); -inf for NO_NODE.
+    With `row`, `tree` is a table of trees and query q reads tree row[q]."""
     node = jnp.asarray(node, dtype=jnp.int32)
     valid = node != NO_NODE
-    mass = range_logmass(tree, trie.node_lo[node], trie.node_hi[node])
+    mass = range_logmass(tree, trie.node_lo[node], trie.node_hi[node], row)
     return jnp.where(valid, mass, -jnp.inf)
 
 
-def next_byte_logmass(trie: TokenTrie, tree: SumTree, node: Int[ArrayLike, ""]) -> Float[Array, "256"]:
+def next_byte_logmass(
+    trie: TokenTrie, tree: SumTree, node: Int[ArrayLike, ""], row: Int[ArrayLike, ""] | None = None
+) -> Float[Array, "256"]:
     """log m(child(u, b)) for every byte b; -inf where the child does not exist.
 
     The children of u form one block of nodes, so this is NUM_BYTES fixed-shape range queries
@@ -142,18 +147,21 @@ def next_byte_logmass(trie: TokenTrie, tree: SumTree, node: Int[ArrayLike, ""]) 
     slot = jnp.arange(NUM_BYTES, dtype=jnp.int32)
     exists = (slot < trie.node_num_children[node]) & (node != NO_NODE)
     kid = jnp.where(exists, trie.node_first_child[node] + slot, ROOT)
-    masses = range_logmass(tree, trie.node_lo[kid], trie.node_hi[kid])
+    masses = range_logmass(tree, trie.node_lo[kid], trie.node_hi[kid], None if row is None else jnp.broadcast_to(row, kid.shape))
     labels = jnp.where(exists, trie.node_byte[kid], NUM_BYTES)  # NUM_BYTES: dropped below
     return jnp.full(NUM_BYTES, -jnp.inf, dtype=masses.dtype).at[labels].set(masses, mode="drop")
 
 
-def ending_tokens(trie: TokenTrie, tree: SumTree, node: Int[ArrayLike, "*q"]) -> EndingTokens:
+def ending_tokens(
+    trie: TokenTrie, tree: SumTree, node: Int[ArrayLike, "*q"], row: Int[ArrayLike, "*q"] | None = None
+) -> EndingTokens:
     """The tokens t with b(t) = u (duplicates included) and their log-probabilities."""
     node = jnp.asarray(node, dtype=jnp.int32)[..., None]
     positions = trie.node_lo[node] + jnp.arange(trie.max_duplicates, dtype=jnp.int32)
     mask = (positions < trie.node_end_hi[node]) & (node != NO_NODE)
     token_ids = jnp.where(mask, trie.sorted_token_ids[positions], NO_TOKEN)
-    logprobs = jnp.where(mask, leaf_logprobs(tree, positions), -jnp.inf)
+    rows = None if row is None else jnp.broadcast_to(jnp.asarray(row, jnp.int32)[..., None], positions.shape)
+    logprobs = jnp.where(mask, leaf_logprobs(tree, positions, rows), -jnp.inf)
     return EndingTokens(token_ids, positions, mask, logprobs)
 
 

@@ -1,0 +1,254 @@
+"""The beam over tokenizations: a byte-level LM from a token-level one, as fixed-shape arrays.
+
+A *hypothesis* h = (committed tokens c, trie node u) stands for every token sequence that starts
+with c and whose next token's bytes start with u's path. Its weight is
+
+    w(h) = log p(c) + log m_c(u),    m_c(u) = sum of p(t | c) over tokens t with bytes(t) >= u,
+
+so that the bytes consumed so far have prefix probability sum_h e^{w(h)} (exactly, when no
+hypothesis is pruned: every token sequence that decodes past the consumed bytes is counted once).
+Reading a byte b moves u to child(u, b): w += log m_c(child) - log m_c(u), no model call.
+*Extending* h by a token t that ends at u (bytes(t) = path(u)) gives (c + t, root) with weight
+log p(c) + log p(t | c): the only place the model is called (for p(. | c + t)).
+
+The next-byte distribution over 256 bytes + EOS (index EOS_BYTE) is, up to normalization,
+
+    sum over hypotheses h:          e^{log p(c) + log m_c(child(u, b))}      (bytes b)
+                                    e^{log p(c) + log p(EOS | c)}            (EOS, u = root)
+    + sum over kept extensions e:   the same terms for (c + t, root),
+
+where the tokens ending at u are counted through the extensions only. EOS is reachable only at
+a token boundary. The token distribution is renormalized over the byte tokens and EOS ids
+(control tokens without bytes, e.g. <|im_start|>, are excluded), so m_c(root) = 1.
+
+Pruning follows genlm-bytes' ByteBeamState, so the two agree at equal settings:
+* next-byte distribution: over the unpruned beam S, with the extensions whose weight is above
+  `threshold` times the total weight of S and of all extensions;
+* reading a byte b: prune S (keep hypotheses above `threshold` times the beam's total, then
+  the K heaviest), advance them by b, and add the extensions of the pruned beam that stay above
+  `threshold` times the total of the advanced hypotheses and those extensions.
+Every extension either rule may need is materialized in the same step, so a step costs one
+batched model call. Shapes: M particles, C = K (1 + D) slots, D = the trie's max duplicates.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+from jaxtyping import Array, Bool, Float, Int
+
+from smc_jax.bytes.sumtree import SumTree, build_sum_tree, range_logmass
+from smc_jax.bytes.trie import NO_NODE, ROOT, TokenTrie, child, ending_tokens, next_byte_logmass, node_logmass
+from smc_jax.bytes.vocab import NUM_BYTES
+from smc_jax.experts.contexts import NO_CONTEXT
+
+#: Index of end-of-string in next-byte arrays (256 bytes, then EOS).
+EOS_BYTE = NUM_BYTES
+NUM_BYTE_SYMBOLS = NUM_BYTES + 1
+
+
+class ByteSummary(struct.PyTreeNode):
+    """What a byte-level expert keeps of a context's next-token distribution."""
+
+    tree: SumTree  # log-space sum tree over the byte tokens in trie order
+    eos: Float[Array, "..."]  # log p(EOS | context)
+
+
+def summarize_logits(
+    logits: Float[Array, "U V"],
+    trie: TokenTrie,
+    allowed: Bool[Array, "V"],
+    eos_ids: tuple[int, ...],
+    temperature: float = 1.0,
+) -> ByteSummary:
+    """log p(t | c) renormalized over the allowed ids (byte tokens and EOS), as a sum tree."""
+    logits = jnp.where(allowed, logits.astype(jnp.float32) / temperature, -jnp.inf)
+    logp = jax.nn.log_softmax(logits, axis=-1)
+    eos = jax.nn.logsumexp(logp[..., jnp.asarray(eos_ids, jnp.int32)], axis=-1)
+    return ByteSummary(tree=build_sum_tree(trie.sort_logprobs(logp)), eos=eos)
+
+
+class BeamState(NamedTuple):
+    """The beams of M particles of one expert (slots padded with NO_CONTEXT)."""
+
+    context: Int[Array, "M C"]
+    node: Int[Array, "M C"]
+    logp: Float[Array, "M C"]  # log p(committed tokens)
+    weight: Float[Array, "M C"]  # log p(c) + log m_c(u); -inf for an empty slot
+    ext_context: Int[Array, "M C D"]  # materialized extension contexts, NO_CONTEXT elsewhere
+    next_logp: Float[Array, "M B1"]  # normalized next-byte log-probabilities (B1 = 257)
+    log_mass: Float[Array, "M"]  # log of the beam's total weight (prefix probability estimate)
+
+
+@struct.dataclass
+class BeamConfig:
+    """Beam width K and relative prune threshold (0 = never prune by mass)."""
+
+    width: int = struct.field(pytree_node=False)
+    threshold: float = struct.field(pytree_node=False, default=0.0)
+
+    @property
+    def log_threshold(self) -> float:
+        return math.log(self.threshold) if self.threshold > 0 else -math.inf
+
+
+def _lse(x: Array, axis) -> Array:
+    top = jnp.max(x, axis=axis, keepdims=True)
+    top = jnp.where(jnp.isfinite(top), top, 0.0)
+    return jnp.squeeze(top, axis) + jnp.log(jnp.sum(jnp.exp(x - top), axis=axis))
+
+
+def initial_beam(num_particles: int, num_slots: int, duplicates: int, prompt_context: int) -> BeamState:
+    """Every particle: one hypothesis (prompt context, root) of weight log m(root) = 0."""
+    slot0 = jnp.arange(num_slots) == 0
+    m = num_particles
+    return BeamState(
+        context=jnp.broadcast_to(jnp.where(slot0, prompt_context, NO_CONTEXT), (m, num_slots)).astype(jnp.int32),
+        node=jnp.full((m, num_slots), ROOT, jnp.int32),
+        logp=jnp.broadcast_to(jnp.where(slot0, 0.0, -jnp.inf), (m, num_slots)).astype(jnp.float32),
+        weight=jnp.broadcast_to(jnp.where(slot0, 0.0, -jnp.inf), (m, num_slots)).astype(jnp.float32),
+        ext_context=jnp.full((m, num_slots, duplicates), NO_CONTEXT, jnp.int32),
+        next_logp=jnp.full((m, NUM_BYTE_SYMBOLS), -jnp.inf, jnp.float32),
+        log_mass=jnp.zeros((m,), jnp.float32),
+    )
+
+
+def _row(context: Int[Array, "..."], num_contexts: int) -> Int[Array, "..."]:
+    return jnp.clip(context, 0, num_contexts - 1)
+
+
+class Extensions(NamedTuple):
+    token: Int[Array, "M C D"]
+    weight: Float[Array, "M C D"]  # log p(c) + log p(t | c); -inf where none
+
+
+def extensions(trie: TokenTrie, table: ByteSummary, beam: BeamState) -> Extensions:
+    """The token each hypothesis could commit (tokens ending exactly at its node)."""
+    valid = beam.context != NO_CONTEXT
+    rows = _row(beam.context, table.eos.shape[0])
+    ends = ending_tokens(trie, table.tree, jnp.where(valid, beam.node, NO_NODE), rows)
+    weight = jnp.where(ends.mask, beam.logp[..., None] + ends.logprobs, -jnp.inf)
+    return Extensions(token=jnp.where(ends.mask, ends.token_ids, 0), weight=weight)
+
+
+def prune_mask(weight: Float[Array, "M C"], config: BeamConfig) -> Bool[Array, "M C"]:
+    """genlm's prune(): above threshold * total weight, then the K heaviest."""
+    total = _lse(weight, axis=-1)
+    above = (weight - total[:, None] > config.log_threshold) & jnp.isfinite(weight)
+    ranked = jnp.where(above, weight, -jnp.inf)
+    order = jnp.argsort(-ranked, axis=-1, stable=True)
+    rank = jnp.argsort(order, axis=-1, stable=True)
+    return above & (rank < config.width)
+
+
+def _next_byte_threshold_mask(beam: BeamState, ext: Extensions, config: BeamConfig) -> Bool[Array, "M C D"]:
+    """Extensions included in the next-byte distribution (relative to beam + all extensions)."""
+    total = jnp.logaddexp(_lse(beam.weight, axis=-1), _lse(ext.weight.reshape(ext.weight.shape[0], -1), axis=-1))
+    return (ext.weight - total[:, None, None] > config.log_threshold) & jnp.isfinite(ext.weight)
+
+
+def _shift_prefilter_mask(beam: BeamState, ext: Extensions, config: BeamConfig) -> Bool[Array, "M C D"]:
+    """Extensions that the next byte's shift may keep, whatever the byte: those of the pruned
+    beam above threshold * (their own total) - a necessary condition, since the shift's total
+    also counts the advanced hypotheses."""
+    kept = prune_mask(beam.weight, config)[..., None]
+    w = jnp.where(kept, ext.weight, -jnp.inf)
+    total = _lse(w.reshape(w.shape[0], -1), axis=-1)
+    return (w - total[:, None, None] > config.log_threshold) & jnp.isfinite(w)
+
+
+def extension_requests(
+    trie: TokenTrie, table: ByteSummary, beam: BeamState, config: BeamConfig
+) -> tuple[Int[Array, "M C D"], Int[Array, "M C D"], Bool[Array, "M C D"]]:
+    """(parent context, token, wanted) of every extension to materialize now."""
+    ext = extensions(trie, table, beam)
+    wanted = _next_byte_threshold_mask(beam, ext, config) | _shift_prefilter_mask(beam, ext, config)
+    parent = jnp.broadcast_to(beam.context[..., None], ext.token.shape)
+    return parent, ext.token, wanted
+
+
+def next_byte_logprobs(
+    trie: TokenTrie, table: ByteSummary, beam: BeamState, config: BeamConfig
+) -> tuple[Float[Array, "M B1"], Float[Array, "M"]]:
+    """The normalized next-byte distribution [M, 257] and its log normalizer.
+
+    Needs the extensions that pass the next-byte threshold to be materialized in
+    beam.ext_context (see `extension_requests`)."""
+    num_contexts = table.eos.shape[0]
+    valid = beam.context != NO_CONTEXT
+    rows = _row(beam.context, num_contexts)
+
+    def slot_terms(node, row, logp, at_root_eos):
+        children = next_byte_logmass(trie, table.tree, node, row)
+        eos = jnp.where(at_root_eos, table.eos[row], -jnp.inf)
+        return logp + jnp.concatenate([children, eos[None]])
+
+    per_slot = jax.vmap(jax.vmap(slot_terms))(
+        jnp.where(valid, beam.node, ROOT), rows, jnp.where(valid, beam.logp, -jnp.inf), beam.node == ROOT
+    )  # [M, C, 257]; a hypothesis inside a token: its ending tokens are left to the extensions
+
+    ext = extensions(trie, table, beam)
+    include = _next_byte_threshold_mask(beam, ext, config) & (beam.ext_context != NO_CONTEXT)
+    ext_rows = _row(beam.ext_context, num_contexts)
+
+    def ext_terms(row, weight):
+        children = next_byte_logmass(trie, table.tree, jnp.asarray(ROOT, jnp.int32), row)
+        return weight + jnp.concatenate([children, table.eos[row][None]])
+
+    per_ext = jax.vmap(jax.vmap(jax.vmap(ext_terms)))(ext_rows, jnp.where(include, ext.weight, -jnp.inf))
+    m = beam.context.shape[0]
+    terms = jnp.concatenate([per_slot, per_ext.reshape(m, -1, NUM_BYTE_SYMBOLS)], axis=1)
+    unnormalized = _lse(terms, axis=1)  # [M, 257]
+    total = _lse(unnormalized, axis=-1)
+    normalized = jnp.where(jnp.isfinite(total)[:, None], unnormalized - total[:, None], -jnp.inf)
+    return normalized, total
+
+
+def shift(
+    trie: TokenTrie, table: ByteSummary, beam: BeamState, byte: Int[Array, "M"], config: BeamConfig
+) -> BeamState:
+    """Reads one byte per particle: prune, advance the kept hypotheses, add the kept extensions
+    (already materialized in beam.ext_context) advanced by the byte. Extensions of the new beam
+    and its next-byte distribution are left for the caller (they need a model call)."""
+    num_contexts = table.eos.shape[0]
+    m, c, d = beam.ext_context.shape
+    kept = prune_mask(beam.weight, config)
+    byte_c = jnp.broadcast_to(byte[:, None], (m, c))
+
+    # Advanced hypotheses: (c, child(u, b)), weight log p(c) + log m_c(child).
+    rows = _row(beam.context, num_contexts)
+    moved = child(trie, jnp.where(kept, beam.node, NO_NODE), byte_c)
+    adv_weight = jnp.where(moved != NO_NODE, beam.logp + node_logmass(trie, table.tree, moved, rows), -jnp.inf)
+
+    # Extensions of the pruned beam, kept relative to the advanced total plus their own.
+    ext = extensions(trie, table, beam)
+    ext_w = jnp.where(kept[..., None], ext.weight, -jnp.inf)
+    total = jnp.logaddexp(_lse(adv_weight, axis=-1), _lse(ext_w.reshape(m, -1), axis=-1))
+    keep_ext = (ext_w - total[:, None, None] > config.log_threshold) & jnp.isfinite(ext_w)
+    keep_ext = keep_ext & (beam.ext_context != NO_CONTEXT)
+    ext_rows = _row(beam.ext_context, num_contexts)
+    ext_node = child(trie, jnp.where(keep_ext, ROOT, NO_NODE), jnp.broadcast_to(byte[:, None, None], (m, c, d)))
+    ext_adv = jnp.where(ext_node != NO_NODE, ext_w + node_logmass(trie, table.tree, ext_node, ext_rows), -jnp.inf)
+
+    # Gather into C slots, heaviest first (at most K advanced + K * D extensions survive).
+    cand_w = jnp.concatenate([adv_weight, ext_adv.reshape(m, -1)], axis=1)
+    cand_ctx = jnp.concatenate([beam.context, beam.ext_context.reshape(m, -1)], axis=1)
+    cand_node = jnp.concatenate([moved, ext_node.reshape(m, -1)], axis=1)
+    cand_logp = jnp.concatenate([beam.logp, ext_w.reshape(m, -1)], axis=1)
+    order = jnp.argsort(-cand_w, axis=1, stable=True)[:, :c]
+    take = lambda x: jnp.take_along_axis(x, order, axis=1)
+    weight = take(cand_w)
+    alive = jnp.isfinite(weight)
+    return BeamState(
+        context=jnp.where(alive, take(cand_ctx), NO_CONTEXT),
+        node=jnp.where(alive, take(cand_node), ROOT),
+        logp=jnp.where(alive, take(cand_logp), -jnp.inf),
+        weight=weight,
+        ext_context=jnp.full_like(beam.ext_context, NO_CONTEXT),
+        next_logp=beam.next_logp,
+        log_mass=_lse(weight, axis=-1),
+    )

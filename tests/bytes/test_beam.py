@@ -1,0 +1,133 @@
+"""The beam over tokenizations on toy token LMs, against exact sums over tokenizations."""
+
+import functools
+import itertools
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from smc_jax.bytes.beam import EOS_BYTE, BeamConfig
+from smc_jax.bytes.expert import ByteExperts, byte_logprob
+from smc_jax.bytes.trie import TokenTrie
+from smc_jax.experts.toy import NGramTokenLM
+from tests.expert_contract import check_expert_group
+
+# Ambiguous vocabulary: "aba" = a|b|a = ab|a = a|ba = aba. Id 5 is EOS (no bytes).
+VOCAB = [b"a", b"b", b"ab", b"ba", b"aba", None]
+EOS_ID = 5
+DUPLICATED = [b"a", b"b", b"ab", b"a", b"ba", None]  # ids 0 and 3 share the bytes "a"
+
+
+class ExactByteLM:
+    """Exact byte-level probabilities of a toy token LM by recursion over tokenizations."""
+
+    def __init__(self, lm: NGramTokenLM, vocab, prompt, temperature=1.0):
+        self.lm, self.vocab, self.prompt, self.t = lm, vocab, tuple(prompt), temperature
+
+    @functools.lru_cache(maxsize=None)
+    def logp(self, ctx: tuple) -> np.ndarray:
+        logits = np.asarray(self.lm.logits_of(self.prompt, list(ctx)), np.float64) / self.t
+        return logits - np.logaddexp.reduce(logits)
+
+    def prefix(self, x: bytes, ctx=()) -> float:
+        """P(bytes start with x | ctx), as a natural log."""
+        if not x:
+            return 0.0
+        terms = []
+        for t, b in enumerate(self.vocab):
+            if b is None:
+                continue
+            if b.startswith(x):
+                terms.append(self.logp(ctx)[t])
+            elif x.startswith(b):
+                terms.append(self.logp(ctx)[t] + self.prefix(x[len(b):], ctx + (t,)))
+        return float(np.logaddexp.reduce(terms)) if terms else -math.inf
+
+    def complete(self, x: bytes, ctx=()) -> float:
+        terms = [self.logp(ctx)[EOS_ID]] if not x else []
+        for t, b in enumerate(self.vocab):
+            if b is not None and x and x.startswith(b):
+                terms.append(self.logp(ctx)[t] + self.complete(x[len(b):], ctx + (t,)))
+        return float(np.logaddexp.reduce(terms)) if terms else -math.inf
+
+
+def make(vocab=VOCAB, prompts=((1,),), width=16, threshold=0.0, order=3, seed=0, max_tokens=8):
+    lm = NGramTokenLM.random(jax.random.key(seed), vocab_size=len(vocab), order=order)
+    trie = TokenTrie.build(vocab)
+    prefixes, logits = zip(*[lm.prefill(list(p)) for p in prompts])
+    experts = ByteExperts(
+        model=lm,
+        prefixes=jnp.stack(prefixes),
+        prompt_logits=jnp.stack(logits),
+        trie=trie,
+        allowed=jnp.ones((len(vocab),), bool),
+        eos_ids=(EOS_ID,),
+        beam=BeamConfig(width=width, threshold=threshold),
+        max_tokens=max_tokens,
+    )
+    return lm, experts
+
+
+STRINGS = [b"".join(s) for n in range(0, 5) for s in itertools.product([b"a", b"b"], repeat=n)]
+
+
+@pytest.mark.parametrize("vocab", [VOCAB, DUPLICATED], ids=["ambiguous", "duplicates"])
+def test_unpruned_beam_is_exact(vocab):
+    lm, experts = make(vocab=vocab)
+    exact = ExactByteLM(lm, vocab, (1,))
+    for x in STRINGS:
+        got = byte_logprob(experts, x)
+        want_prefix, want_complete = exact.prefix(x), exact.complete(x)
+        np.testing.assert_allclose(got.prefix, want_prefix, atol=2e-5, err_msg=repr(x))
+        np.testing.assert_allclose(got.complete, want_complete, atol=2e-5, err_msg=repr(x))
+        # the chain rule of the beam's conditionals, times P(EOS), is the exact string probability
+        np.testing.assert_allclose(got.conditionals.sum(), want_prefix, atol=2e-5)
+        np.testing.assert_allclose(got.conditionals.sum() + got.next_logprobs[EOS_BYTE], want_complete, atol=2e-5)
+        # a distribution over 256 bytes + EOS; only 'a', 'b' and EOS can have mass
+        assert abs(np.logaddexp.reduce(got.next_logprobs)) < 1e-5
+        others = np.delete(got.next_logprobs, [ord("a"), ord("b"), EOS_BYTE])
+        assert np.all(others == -np.inf) and not np.isnan(got.next_logprobs).any()
+
+
+def test_eos_only_at_token_boundaries():
+    vocab = [b"ab", b"b", b"aab", None]  # "a" alone is never a whole token
+    lm, experts = make(vocab=vocab, prompts=((0,),), order=2)
+    EOS = 3
+    experts = experts.replace(eos_ids=(EOS,))
+    assert byte_logprob(experts, b"a").next_logprobs[EOS_BYTE] == -np.inf
+    assert byte_logprob(experts, b"aa").next_logprobs[EOS_BYTE] == -np.inf
+    assert np.isfinite(byte_logprob(experts, b"ab").next_logprobs[EOS_BYTE])
+    assert byte_logprob(experts, b"c").prefix == -np.inf  # impossible byte: -inf, never NaN
+
+
+@pytest.mark.parametrize("width, threshold", [(1, 0.0), (2, 0.0), (3, 0.1), (16, 0.3)])
+def test_pruned_beam_is_a_lower_bound(width, threshold):
+    lm, experts = make(width=width, threshold=threshold, seed=4)
+    exact = ExactByteLM(lm, VOCAB, (1,))
+    for x in STRINGS:
+        got = byte_logprob(experts, x)
+        assert got.prefix <= exact.prefix(x) + 1e-5, x
+        assert abs(np.logaddexp.reduce(got.next_logprobs)) < 1e-5 or np.all(got.next_logprobs == -np.inf)
+
+
+def test_byte_experts_satisfy_the_contract():
+    _, experts = make(prompts=((1,), (0, 4)), width=3, threshold=0.05)
+    check_expert_group(experts, num_particles=4, steps=4)
+
+
+def test_two_prompts_match_single_prompt_experts():
+    """K prompts in one group (one batched call) = the prompts as separate experts."""
+    _, both = make(prompts=((1,), (2, 3)), width=4, threshold=0.05)
+    _, first = make(prompts=((1,),), width=4, threshold=0.05)
+    _, second = make(prompts=((2, 3),), width=4, threshold=0.05)
+    data = jnp.array([ord(c) for c in "abab"])
+    sb, s1, s2 = both.init(2), first.init(2), second.init(2)
+    for byte in data:
+        sym = jnp.array([byte, byte])
+        np.testing.assert_allclose(both.logprobs(sb)[:, 0], first.logprobs(s1)[:, 0], atol=1e-6)
+        np.testing.assert_allclose(both.logprobs(sb)[:, 1], second.logprobs(s2)[:, 0], atol=1e-6)
+        on = jnp.ones(2, bool)
+        sb, s1, s2 = both.advance(sb, sym, on), first.advance(s1, sym, on), second.advance(s2, sym, on)
