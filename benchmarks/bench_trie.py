@@ -189,6 +189,16 @@ def bench_vocabulary(name: str, tokenizer) -> dict:
     return row
 
 
+NOTES = [
+    "Notes. Timings share a 2-core CPU with other jobs (load averages above); each round runs",
+    "every method once in turn. In the 'wide' case log m reaches -200..-350, where one f32 ulp",
+    "is 1.5e-5 to 3e-5: the ~1.5e-5 errors there are the resolution of a float32 log-mass itself.",
+    "The all-pairs segment logsumexp accumulates the root's V terms sequentially in f32 (4e-4",
+    "off on Gemma); all_node_logmasses sums only nodes with <= 64 tokens that way and takes the",
+    "rest from the sum tree. 'sum tree, every node' is N range queries (the beam needs a few).",
+]
+
+
 def markdown(environment: dict, rows: list[dict]) -> str:
     lines = ["# Token trie micro-benchmark", "", "```", json.dumps(environment, indent=1), "```", ""]
     lines += ["| | " + " | ".join(row["vocabulary"] for row in rows) + " |", "|---" * (len(rows) + 1) + "|"]
@@ -220,6 +230,7 @@ def markdown(environment: dict, rows: list[dict]) -> str:
             )
         exact_zeros = [str(row["exact_zero_mass_nodes"][label]) for row in rows]
         lines.append("| exact (float64) zero-mass nodes | " + " | ".join(exact_zeros) + " |")
+    lines += ["", *NOTES]
     return "\n".join(lines) + "\n"
 
 
