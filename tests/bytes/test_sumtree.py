@@ -71,7 +71,7 @@ def test_tiny_masses_survive_where_linear_f32_underflows():
 
 
 def test_shapes_batches_and_jit():
-    logp = jax.nn.log_softmax(jax.random.normal(jax.random.key(0), (3, 37)))
+    logp = np.asarray(jax.nn.log_softmax(jax.random.normal(jax.random.key(0), (3, 37))))
     trees = build_sum_tree(logp)
     assert trees.cells.shape == (3, 2 * 64) and trees.num_leaves == 64
     lo = jnp.array([[0, 5], [10, 36]])

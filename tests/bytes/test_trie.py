@@ -92,7 +92,7 @@ def trie_queries(trie: TokenTrie, logp):
 jitted_trie_queries = jax.jit(trie_queries)
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=25, deadline=None)  # each example compiles (new shapes): ~1 s
 @given(vocabularies_and_logprobs())
 def test_trie_matches_brute_force(example):
     vocab, logp = example
@@ -175,3 +175,42 @@ def test_vocabulary_without_byte_tokens():
 def test_empty_byte_string_is_rejected():
     with pytest.raises(ValueError, match="empty byte string"):
         TokenTrie.build([b"a", b""])
+
+
+def exact_node_logmasses(trie: TokenTrie, logp: np.ndarray) -> np.ndarray:
+    """log m(u) for every node in float64: one logsumexp per node range of sorted positions."""
+    lo, hi = np.asarray(trie.node_lo), np.asarray(trie.node_hi)
+    values = logp.astype(np.float64)[np.asarray(trie.sorted_token_ids)]
+    starts = np.cumsum(hi - lo) - (hi - lo)
+    positions = np.arange(np.sum(hi - lo)) - np.repeat(starts, hi - lo) + np.repeat(lo, hi - lo)
+    segments = np.repeat(np.arange(trie.num_nodes), hi - lo)
+    peak = np.maximum.reduceat(values[positions], starts)
+    return peak + np.log(np.add.reduceat(np.exp(values[positions] - peak[segments]), starts))
+
+
+@pytest.mark.real_model
+@pytest.mark.parametrize("vocab_fixture", ["smollm2_vocab", "gemma_vocab"])
+def test_real_vocabulary_masses(vocab_fixture, request):
+    vocab = request.getfixturevalue(vocab_fixture)
+    trie = TokenTrie.build(vocab.byte_strings)
+    assert trie.num_byte_tokens == sum(data is not None for data in vocab.byte_strings)
+    assert trie.max_duplicates == (2 if vocab_fixture == "gemma_vocab" else 1)
+    # Logits spread 40 nats wide: most tokens sit below log(smallest f32), where exp gives 0.
+    logits = 40.0 * jax.random.normal(jax.random.key(0), (trie.vocab_size,))
+    logp = np.asarray(jax.nn.log_softmax(logits))
+    assert np.mean(np.exp(logp) == 0) > 0.5
+
+    nodes = jnp.arange(trie.num_nodes)
+
+    @jax.jit
+    def masses(trie, logp):
+        tree = build_sum_tree(trie.sort_logprobs(logp))
+        return node_logmass(trie, tree, nodes), all_node_logmasses(trie, logp)
+
+    from_tree, from_segments = (np.asarray(m, np.float64) for m in masses(trie, logp))
+    exact = exact_node_logmasses(trie, logp)
+    assert np.all(np.isfinite(exact)) and np.all(np.isfinite(from_tree)) and np.all(np.isfinite(from_segments))
+    relative = np.abs(np.expm1(from_tree - from_segments))
+    print(f"{vocab_fixture}: max relative difference sum tree vs segment pass {relative.max():.2e}")
+    assert_log_close(from_tree, exact)
+    assert_log_close(from_segments, exact)
