@@ -124,10 +124,38 @@ def test_two_prompts_match_single_prompt_experts():
     _, first = make(prompts=((1,),), width=4, threshold=0.05)
     _, second = make(prompts=((2, 3),), width=4, threshold=0.05)
     data = jnp.array([ord(c) for c in "abab"])
-    sb, s1, s2 = both.init(2), first.init(2), second.init(2)
+    init = jax.jit(lambda e: e.init(2))
+    advance = jax.jit(lambda e, s, sym: e.advance(s, sym, jnp.ones(2, bool)))
+    sb, s1, s2 = init(both), init(first), init(second)
     for byte in data:
         sym = jnp.array([byte, byte])
         np.testing.assert_allclose(both.logprobs(sb)[:, 0], first.logprobs(s1)[:, 0], atol=1e-6)
         np.testing.assert_allclose(both.logprobs(sb)[:, 1], second.logprobs(s2)[:, 0], atol=1e-6)
-        on = jnp.ones(2, bool)
-        sb, s1, s2 = both.advance(sb, sym, on), first.advance(s1, sym, on), second.advance(s2, sym, on)
+        sb, s1, s2 = advance(both, sb, sym), advance(first, s1, sym), advance(second, s2, sym)
+
+
+@pytest.mark.parametrize("f", ["product", "mixture"])
+def test_byte_smc_is_unbiased_for_the_exact_byte_ensemble(f):
+    """Two prompts of a toy token LM as byte-level experts (unpruned beams): Z-hat is unbiased
+    for Z = sum over byte strings of length <= L of f(p_1(x), p_2(x)) (the forced EOS at L
+    targets phi restricted to those strings), p_k by exact recursion over tokenizations."""
+    from smc_jax.ensemble import make_ensemble
+    from smc_jax.smc import SMC, run_batch
+
+    prompts = ((1,), (2, 0))
+    lm, experts = make(prompts=prompts, width=8, order=2, seed=2, max_tokens=4)
+    length = 3
+    ens = make_ensemble(f, 2)
+    exact = [ExactByteLM(lm, VOCAB, p) for p in prompts]
+    strings = [x for x in STRINGS if len(x) <= length]
+    log_p = np.array([[e.complete(x) for e in exact] for x in strings])
+    log_phi = np.asarray(ens.log_target(jnp.asarray(log_p, jnp.float32)))
+    true_z = float(np.exp(np.logaddexp.reduce(log_phi)))
+    smc = SMC(num_particles=4, max_length=length)
+    states = run_batch(smc, jax.random.split(jax.random.key(0), 400), experts, ens)
+    lw = np.asarray(states.log_weights, np.float64)
+    z = np.exp(np.logaddexp.reduce(lw, axis=1) - math.log(4))
+    se = z.std() / math.sqrt(z.size)
+    assert abs(z.mean() - true_z) < 4.5 * se, (z.mean(), true_z, se)
+    assert np.all(np.isin(np.asarray(states.symbols), [-1, ord("a"), ord("b")]))
+    assert not np.any(np.asarray(states.expert_state.stores.overflow))
