@@ -1,0 +1,98 @@
+"""Paged decoding: rows continue one prompt with their continuation keys/values in a pool.
+
+The pool holds the keys/values of every continuation token ever fed, one *entry* each
+([layers, entries, kv_heads, head_dim]); row c's continuation is the entries paths[c, :depth[c]]
+in order (see `smc_jax.experts.contexts`, which allocates and frees them). A decode step
+gathers those entries layer by layer inside the layer scan (never the whole cache at once), so
+rows that share a history share its entries and resampling copies integers, not caches.
+
+Padding meets the pool in the paths: path slots >= depth[c] point at entry 0 (or any entry) and
+are masked, exactly like the stale tail of a contiguous continuation cache; their positions are
+computed as if they followed the valid part, so masking is all that is needed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax.numpy as jnp
+from flax import struct
+from jaxtyping import Array, Float, Int
+
+from smc_jax.models.cache import PrefixCache
+from smc_jax.models.config import ModelConfig
+from smc_jax.models.params import Params
+from smc_jax.models.transformer import Keys, _decoder, _embed, _logits
+
+
+@struct.dataclass
+class KVPool:
+    k: Float[Array, "layers entries kv_heads head_dim"]
+    v: Float[Array, "layers entries kv_heads head_dim"]
+
+
+def paged_decode(
+    params: Params,
+    config: ModelConfig,
+    prefix: PrefixCache,
+    pool: KVPool,
+    paths: Int[Array, "rows slots"],
+    depth: Int[Array, " rows"],
+    tokens: Int[Array, " rows"],
+) -> tuple[Float[Array, "rows vocab"], Float[Array, "layers rows kv_heads head_dim"], Array]:
+    """One new token per row at position prefix.length + depth[c], attending to the prompt, to
+    the pool entries paths[c, :depth[c]] and to itself. Returns logits and the new keys/values."""
+    rows, slots = paths.shape
+    q_pos = (prefix.length + depth)[:, None].astype(jnp.int32)
+    prompt_pos = jnp.arange(prefix.k.shape[1], dtype=jnp.int32)
+    slot = jnp.arange(slots, dtype=jnp.int32)[None]
+    suffix_pos = jnp.broadcast_to(prefix.length + slot, (rows, slots))
+    suffix_valid = slot < depth[:, None]
+
+    def context(kv: tuple[Array, Array, Array, Array]) -> list[Keys]:
+        pk, pv, pool_k, pool_v = kv  # this layer's prompt cache and pool
+        return [
+            Keys(pk, pv, prompt_pos, prompt_pos < prefix.length),
+            Keys(pool_k[paths], pool_v[paths], suffix_pos, suffix_valid),
+        ]
+
+    x = _embed(params, config, tokens[:, None], q_pos)
+    h, (k, v) = _decoder(
+        params, config, x, q_pos, jnp.ones((rows, 1), bool), (prefix.k, prefix.v, pool.k, pool.v), context
+    )
+    return _logits(params, config, h)[:, 0], k[:, :, 0], v[:, :, 0]
+
+
+@struct.dataclass
+class PagedTransformer:
+    """A transformer behind the paged-model interface of `smc_jax.experts.contexts`."""
+
+    params: Params
+    config: ModelConfig = struct.field(pytree_node=False)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.config.vocab_size
+
+    @property
+    def dtype(self) -> Any:
+        return self.params["embed"].dtype
+
+    def init_pool(self, capacity: int) -> KVPool:
+        shape = (self.config.num_layers, capacity, self.config.num_kv_heads, self.config.head_dim)
+        return KVPool(k=jnp.zeros(shape, self.dtype), v=jnp.zeros(shape, self.dtype))
+
+    def step(
+        self,
+        prefix: PrefixCache,
+        pool: KVPool,
+        paths: Int[Array, "rows slots"],
+        depth: Int[Array, " rows"],
+        tokens: Int[Array, " rows"],
+        write_at: Int[Array, " rows"],
+    ) -> tuple[Float[Array, "rows vocab"], KVPool]:
+        logits, k, v = paged_decode(self.params, self.config, prefix, pool, paths, depth, tokens)
+        return logits, KVPool(
+            k=pool.k.at[:, write_at].set(k.astype(pool.k.dtype), mode="drop"),
+            v=pool.v.at[:, write_at].set(v.astype(pool.v.dtype), mode="drop"),
+        )
