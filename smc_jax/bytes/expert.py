@@ -37,6 +37,7 @@ from smc_jax.experts.contexts import (
     ContextStore,
     PagedModel,
     bucket_sizes,
+    context_stats,
     extend_group,
     init_store,
 )
@@ -67,6 +68,8 @@ class ByteExperts:
     beam: BeamConfig = struct.field(pytree_node=False)
     max_tokens: int = struct.field(pytree_node=False)
     temperature: float = struct.field(pytree_node=False, default=1.0)
+    num_entries: int | None = struct.field(pytree_node=False, default=None)  # None: the worst case
+    num_contexts: int | None = struct.field(pytree_node=False, default=None)  # None: the worst case
 
     @property
     def num_experts(self) -> int:
@@ -83,14 +86,22 @@ class ByteExperts:
     def _summarize(self, logits: Float[Array, "U V"]) -> ByteSummary:
         return summarize_logits(logits, self.trie, self.allowed, self.eos_ids, self.temperature)
 
+    def capacity(self, num_particles: int) -> tuple[int, int]:
+        """(pool entries, contexts). The worst case: contexts alive at once are the prompt's,
+        every slot's, every materialized extension's and those being created; each path holds
+        at most max_tokens entries. Real beams share almost all of their paths, so callers
+        usually pass much smaller capacities and grow them on overflow (see `smc_jax.api`)."""
+        m, c, d = num_particles, self.num_slots, self.trie.max_duplicates
+        worst_contexts = 1 + m * c + 2 * m * c * d
+        num_contexts = self.num_contexts or worst_contexts
+        return (self.num_entries or num_contexts * self.max_tokens), num_contexts
+
     def init(self, num_particles: int) -> ByteExpertState:
         m, c, d = num_particles, self.num_slots, self.trie.max_duplicates
-        # Contexts alive at once: the prompt, every slot, every materialized extension, plus the
-        # extensions being created; every path at most max_tokens long.
-        num_contexts = 1 + m * c + 2 * m * c * d
-        stores = jax.vmap(
-            lambda s: init_store(self.model, s, num_contexts * self.max_tokens, num_contexts, self.max_tokens)
-        )(self._summarize(self.prompt_logits))
+        num_entries, num_contexts = self.capacity(num_particles)
+        stores = jax.vmap(lambda s: init_store(self.model, s, num_entries, num_contexts, self.max_tokens))(
+            self._summarize(self.prompt_logits)
+        )
         beam = initial_beam(m, c, d, PROMPT_CONTEXT)
         beams = jax.tree.map(lambda x: jnp.broadcast_to(x[:, None], (m, self.num_experts) + x.shape[1:]), beam)
         return self._refresh(ByteExpertState(beams, stores), jnp.ones((m,), bool))
@@ -136,6 +147,10 @@ class ByteExperts:
 
     def reorder(self, state: ByteExpertState, ancestors: Int[Array, "M"]) -> ByteExpertState:
         return state._replace(beams=jax.tree.map(lambda x: jnp.take(x, ancestors, axis=0), state.beams))
+
+    def stats(self, state) -> dict[str, int]:
+        """Host-side: model calls made, rows computed (padding included) and rows needed."""
+        return context_stats(state.stores)
 
     def failure(self, state: ByteExpertState) -> str | None:
         if bool(np.any(np.asarray(state.stores.overflow))):

@@ -112,6 +112,20 @@ class ExpertStack:
     def failure(self, state: tuple) -> str | None:
         return next(filter(None, (expert_failure(g, s) for g, s in zip(self.groups, state))), None)
 
+    def stats(self, state: tuple) -> dict[str, int]:
+        """Summed over groups; model calls of different groups are sequential, so they add up."""
+        total: dict[str, int] = {}
+        for g, s in zip(self.groups, state):
+            for key, value in expert_stats(g, s).items():
+                total[key] = total.get(key, 0) + value
+        return total
+
+
+def expert_stats(group: ExpertGroup, state: PyTree) -> dict[str, int]:
+    """Host-side counters of a run (e.g. model calls), for groups that keep them."""
+    stats = getattr(group, "stats", None)
+    return stats(state) if stats is not None else {}
+
 
 def expert_failure(group: ExpertGroup, state: PyTree) -> str | None:
     """Host-side check after a run: groups that can fail (a full cache, an emptied beam) define

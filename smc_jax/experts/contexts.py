@@ -27,6 +27,7 @@ from typing import Any, Protocol
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import struct
 from jaxtyping import Array, Bool, Float, Int
 
@@ -72,6 +73,9 @@ class ContextStore:
     context_entry: Int[Array, "T"]
     summary: PyTree  # leaves [T, ...]
     overflow: Bool[Array, ""]
+    calls: Int[Array, ""]  # model calls made (steps whose requests were not all empty)
+    rows: Int[Array, ""]  # rows computed by those calls (bucket sizes, padding included)
+    requests: Int[Array, ""]  # unique (context, token) rows actually needed
 
     @property
     def num_entries(self) -> int:
@@ -100,6 +104,9 @@ def init_store(
         context_entry=jnp.full((num_contexts,), PROMPT_ENTRY, jnp.int32),
         summary=summary,
         overflow=jnp.zeros((), bool),
+        calls=jnp.zeros((), jnp.int32),
+        rows=jnp.zeros((), jnp.int32),
+        requests=jnp.zeros((), jnp.int32),
     )
 
 
@@ -190,6 +197,9 @@ def extend_contexts(
         context_entry=store.context_entry.at[write_ctx].set(new_entry, mode="drop"),
         summary=jax.tree.map(lambda table, new: table.at[write_ctx].set(new, mode="drop"), store.summary, summaries),
         overflow=store.overflow | overflow,
+        calls=store.calls + 1,
+        rows=store.rows + u,
+        requests=store.requests + jnp.sum(valid).astype(jnp.int32),
     )
     return store, jnp.where(ok, new_ctx, NO_CONTEXT)
 
@@ -243,3 +253,13 @@ def extend_group(
     stores, created = jax.lax.switch(branch, [no_call] + [make_branch(s) for s in buckets], stores)
     new_ctx = jnp.take_along_axis(created, jnp.clip(reqs.inverse, 0, r - 1), axis=1)
     return stores, jnp.where(valid & (reqs.inverse < r), new_ctx, NO_CONTEXT)
+
+
+def context_stats(stores: ContextStore) -> dict[str, int]:
+    """Host-side counters of a (stack of) store(s): every expert of a group shares each call."""
+    calls = np.asarray(stores.calls).reshape(-1)
+    return {
+        "model_calls": int(calls.max()) if calls.size else 0,
+        "rows_computed": int(np.asarray(stores.rows).sum()),
+        "rows_needed": int(np.asarray(stores.requests).sum()),
+    }

@@ -22,6 +22,7 @@ from smc_jax.experts.contexts import (
     ContextStore,
     PagedModel,
     bucket_sizes,
+    context_stats,
     extend_group,
     init_store,
 )
@@ -56,6 +57,7 @@ class TokenExperts:
     eos_ids: tuple[int, ...] = struct.field(pytree_node=False)
     max_tokens: int = struct.field(pytree_node=False)
     temperature: float = struct.field(pytree_node=False, default=1.0)
+    num_entries: int | None = struct.field(pytree_node=False, default=None)  # None: the worst case
 
     @property
     def num_experts(self) -> int:
@@ -68,14 +70,17 @@ class TokenExperts:
     def _summarize(self, logits: Float[Array, "U V"]) -> Float[Array, "U V1"]:
         return token_logprobs(logits, self.eos_ids, self.temperature)
 
-    def init(self, num_particles: int) -> TokenExpertState:
-        # Capacities: the prompt context, M contexts referenced by particles and M created per
-        # step; every context's path at most max_tokens long (the sampler's max_length).
+    def capacity(self, num_particles: int) -> tuple[int, int]:
+        """(pool entries, contexts). Contexts: the prompt's, the M particles' and M created per
+        step. Entries: the worst case is M disjoint paths of max_tokens, plus M new ones."""
         num_contexts = 2 * num_particles + 1
+        worst = num_particles * (self.max_tokens + 1)
+        return (self.num_entries or worst), num_contexts
+
+    def init(self, num_particles: int) -> TokenExpertState:
+        num_entries, num_contexts = self.capacity(num_particles)
         summaries = self._summarize(self.prompt_logits)
-        stores = jax.vmap(
-            lambda s: init_store(self.model, s, num_contexts * self.max_tokens, num_contexts, self.max_tokens)
-        )(summaries)
+        stores = jax.vmap(lambda s: init_store(self.model, s, num_entries, num_contexts, self.max_tokens))(summaries)
         context = jnp.full((num_particles, self.num_experts), PROMPT_CONTEXT, jnp.int32)
         return TokenExpertState(context=context, stores=stores)
 
@@ -97,6 +102,10 @@ class TokenExperts:
 
     def reorder(self, state: TokenExpertState, ancestors: Int[Array, "M"]) -> TokenExpertState:
         return state._replace(context=jnp.take(state.context, ancestors, axis=0))
+
+    def stats(self, state) -> dict[str, int]:
+        """Host-side: model calls made, rows computed (padding included) and rows needed."""
+        return context_stats(state.stores)
 
     def failure(self, state: TokenExpertState) -> str | None:
         """Host-side check after a run: a message if the context store ran out of room."""

@@ -36,7 +36,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Float, PRNGKeyArray
 
 from smc_jax.ensemble import Ensemble
-from smc_jax.experts.base import ExpertGroup, eos_symbol, expert_failure, stack_experts
+from smc_jax.experts.base import ExpertGroup, eos_symbol, expert_failure, expert_stats, stack_experts
 from smc_jax.smc.resampling import effective_sample_size, get_resampler
 from smc_jax.smc.result import SMCResult, ZeroWeightError
 from smc_jax.smc.state import PAD_SYMBOL, SMCState, Trace, empty_trace
@@ -241,7 +241,8 @@ class SMC:
         problem = expert_failure(experts, state.expert_state)
         if problem is not None:
             raise RuntimeError(problem)
-        result = SMCResult.from_state(state, method=self.method, decode=decode)
+        stats = {"steps": int(state.step), **expert_stats(experts, state.expert_state)}
+        result = SMCResult.from_state(state, method=self.method, decode=decode, stats=stats)
         if not allow_zero_weight and result.log_Z is not None and result.log_Z == -math.inf:
             raise ZeroWeightError(
                 "every particle ended with zero weight: no sampled string has positive probability "

@@ -54,9 +54,12 @@ class SMCResult:
     num_active: np.ndarray
     method: str
     decode: Callable[[np.ndarray], Any] | None = None
+    stats: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     @classmethod
-    def from_state(cls, state, method: str, decode: Callable | None = None) -> "SMCResult":
+    def from_state(
+        cls, state, method: str, decode: Callable | None = None, stats: dict[str, Any] | None = None
+    ) -> "SMCResult":
         host = jax.device_get(state)
         steps = int(host.step)
         lw = np.asarray(host.log_weights, np.float64)
@@ -79,6 +82,7 @@ class SMCResult:
             num_active=np.asarray(host.trace.num_active[:steps]),
             method=method,
             decode=decode,
+            stats=dict(stats or {}),
         )
 
     @property
