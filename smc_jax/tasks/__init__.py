@@ -1,0 +1,6 @@
+"""Evaluation tasks of the paper (Sec. 6, App. E): JSON schema, word sorting, text-to-SQL."""
+
+from smc_jax.tasks.base import Chat, Demonstration, Message, Task, sample
+from smc_jax.tasks.data_dir import DATA_DIR_ENV, DataNotFoundError, resolve_data_dir
+
+__all__ = ["Chat", "Demonstration", "Message", "Task", "sample", "DATA_DIR_ENV", "DataNotFoundError", "resolve_data_dir"]
