@@ -2,5 +2,10 @@
 
 from smc_jax.tasks.base import Chat, Demonstration, Message, Task, sample
 from smc_jax.tasks.data_dir import DATA_DIR_ENV, DataNotFoundError, resolve_data_dir
+from smc_jax.tasks.json_schema import JsonSchemaInstance, JsonSchemaTask
 
-__all__ = ["Chat", "Demonstration", "Message", "Task", "sample", "DATA_DIR_ENV", "DataNotFoundError", "resolve_data_dir"]
+__all__ = [
+    "Chat", "Demonstration", "Message", "Task", "sample",
+    "DATA_DIR_ENV", "DataNotFoundError", "resolve_data_dir",
+    "JsonSchemaInstance", "JsonSchemaTask",
+]
