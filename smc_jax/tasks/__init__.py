@@ -3,10 +3,12 @@
 from smc_jax.tasks.base import Chat, Demonstration, Message, Task, sample
 from smc_jax.tasks.data_dir import DATA_DIR_ENV, DataNotFoundError, resolve_data_dir
 from smc_jax.tasks.json_schema import JsonSchemaInstance, JsonSchemaTask
+from smc_jax.tasks.text_to_sql import SqlInstance, TextToSqlTask
 from smc_jax.tasks.word_sorting import WordSortingInstance, WordSortingTask
 
 __all__ = [
     "Chat", "Demonstration", "Message", "Task", "sample",
     "DATA_DIR_ENV", "DataNotFoundError", "resolve_data_dir",
-    "JsonSchemaInstance", "JsonSchemaTask", "WordSortingInstance", "WordSortingTask",
+    "JsonSchemaInstance", "JsonSchemaTask", "SqlInstance", "TextToSqlTask",
+    "WordSortingInstance", "WordSortingTask",
 ]
