@@ -1,0 +1,22 @@
+"""Evaluation tasks of the paper (Sec. 6, App. E): JSON schema, word sorting, text-to-SQL.
+
+    task = get_task("word_sorting")
+    for instance in task.instances(limit=100, seed=0):        # data from $SMC_JAX_DATA or ../shared/data
+        prompt_1, prompt_2 = task.prompts(instance)           # chat messages
+        ...                                                   # sample texts from an ensemble
+        task.is_correct(instance, text)                       # the metric, on the raw text
+"""
+
+from smc_jax.tasks.base import Chat, Demonstration, Message, Task, sample
+from smc_jax.tasks.data_dir import DATA_DIR_ENV, DataNotFoundError, resolve_data_dir
+from smc_jax.tasks.json_schema import JsonSchemaInstance, JsonSchemaTask
+from smc_jax.tasks.registry import TASKS, get_task
+from smc_jax.tasks.text_to_sql import SqlInstance, TextToSqlTask
+from smc_jax.tasks.word_sorting import WordSortingInstance, WordSortingTask
+
+__all__ = [
+    "Chat", "Demonstration", "Message", "Task", "sample",
+    "DATA_DIR_ENV", "DataNotFoundError", "resolve_data_dir",
+    "JsonSchemaInstance", "JsonSchemaTask", "SqlInstance", "TextToSqlTask",
+    "WordSortingInstance", "WordSortingTask", "TASKS", "get_task",
+]

@@ -1,0 +1,19 @@
+"""The evaluation tasks by name."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from smc_jax.tasks.base import Task
+from smc_jax.tasks.json_schema import JsonSchemaTask
+from smc_jax.tasks.text_to_sql import TextToSqlTask
+from smc_jax.tasks.word_sorting import WordSortingTask
+
+TASKS: dict[str, type] = {"json": JsonSchemaTask, "word_sorting": WordSortingTask, "sql": TextToSqlTask}
+
+
+def get_task(name: str) -> Task[Any]:
+    """The task called `name` (one of `TASKS`), with its default settings."""
+    if name not in TASKS:
+        raise ValueError(f"unknown task {name!r}; known tasks: {', '.join(sorted(TASKS))}")
+    return TASKS[name]()
