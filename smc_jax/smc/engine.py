@@ -37,6 +37,7 @@ from jaxtyping import Array, Float, PRNGKeyArray
 
 from smc_jax.ensemble import Ensemble
 from smc_jax.experts.base import ExpertGroup, eos_symbol, expert_failure, expert_stats, stack_experts
+from smc_jax.smc import progress as progress_hooks
 from smc_jax.smc.resampling import effective_sample_size, get_resampler
 from smc_jax.smc.result import SMCResult, ZeroWeightError
 from smc_jax.smc.state import PAD_SYMBOL, SMCState, Trace, empty_trace
@@ -63,6 +64,7 @@ class SMC:
     resampler: str = "multinomial"
     method: Method = "smc"
     at_max_length: AtMaxLength = "eos"
+    progress: bool = False  # report each step to `smc_jax.smc.progress` listeners (a host call)
 
     def __post_init__(self):
         if not isinstance(self.num_particles, int) or self.num_particles < 1:
@@ -184,6 +186,8 @@ class SMC:
             pre_resample_log_weights = log_weights
 
         t = state.step
+        if self.progress:
+            jax.debug.callback(progress_hooks._on_step, t, jnp.sum(~done))
         trace = Trace(
             ess=state.trace.ess.at[t].set(ess),
             resampled=state.trace.resampled.at[t].set(resampled),

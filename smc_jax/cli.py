@@ -1,0 +1,201 @@
+"""Command line: `smc-jax sample` draws weighted samples from an f-ensemble of language models.
+
+    smc-jax sample                                   # cross-tokenizer product of the embedded models
+    smc-jax sample -e smollm2-135m-instruct "My favorite physicist is" \\
+                   -e smollm2-135m-instruct "My favorite author is" --level token --f product
+    smc-jax models                                   # list the built-in model names
+
+Everything runs offline on the embedded models (SmolLM2-135M-Instruct, Gemma 3 270M).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from smc_jax.ensemble import NAMED_TAUS
+
+DEFAULT_EXPERTS = (
+    ("smollm2-135m-instruct", "My favorite physicist is"),
+    ("gemma3-270m", "My favorite physicist is"),
+)
+TABLE_ROWS = 10
+TEXT_WIDTH = 70
+
+
+def _f_value(text: str) -> str | float:
+    if text.lower() in NAMED_TAUS:
+        return text.lower()
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"unknown f {text!r}: use one of {sorted(NAMED_TAUS)} or a number tau (e.g. -1, 0, 2.5, inf)"
+        ) from None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="smc-jax",
+        description="Sample strings from the global f-ensemble of language models with SMC (JAX).",
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    s = sub.add_parser(
+        "sample",
+        help="draw weighted samples from an f-ensemble",
+        description="Draw M weighted particles from Phi(x) ∝ f(p_1(x), ..., p_K(x)) and print them with log Z-hat.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    s.add_argument(
+        "-e", "--expert", nargs=2, action="append", metavar=("MODEL", "PROMPT"),
+        help="an expert: a model (built-in name, local HF directory, .gguf file or hub id) and its prompt; "
+        "repeat for K experts. Default: SmolLM2-135M-Instruct and Gemma 3 270M, both 'My favorite physicist is'",
+    )
+    s.add_argument("--chat", action="store_true", help="render each prompt as a user message with the model's chat template")
+    s.add_argument("--f", type=_f_value, default="product",
+                   help=f"ensemble function: one of {sorted(NAMED_TAUS)} or an exponent tau")
+    s.add_argument("--weights", type=float, nargs="+", help="expert weights on the simplex (default uniform)")
+    s.add_argument("--level", choices=["byte", "token", "local"], default="byte",
+                   help="byte: exact across tokenizers; token: experts share a tokenizer; local: token-local baseline")
+    s.add_argument("-M", "--particles", type=int, default=10, help="number of particles M")
+    s.add_argument("--ess-threshold", type=float, default=0.9, help="resample when ESS < threshold * M (0 = importance sampling)")
+    s.add_argument("--resampler", choices=["multinomial", "systematic", "stratified", "residual"], default="multinomial")
+    s.add_argument("--max-length", type=int, default=40, help="longest continuation, in bytes (byte level) or tokens")
+    s.add_argument("--at-max-length", choices=["eos", "truncate"], default="truncate",
+                   help="eos: force EOS at the limit with its weight factor (target: strings <= max length); "
+                   "truncate: stop there without it (unfinished strings, a prefix target)")
+    s.add_argument("--temperature", type=float, default=1.0, help="temperature of every expert")
+    s.add_argument("--beam-width", type=int, default=5, help="byte level: beam width K")
+    s.add_argument("--prune-threshold", type=float, default=0.05, help="byte level: relative prune threshold")
+    s.add_argument("--seed", type=int, default=0, help="PRNG seed (same seed, same result)")
+    s.add_argument("--bf16", action="store_true", help="bfloat16 parameters (float32 log-probabilities); for accelerators")
+    s.add_argument("--json", action="store_true", help="print the result as JSON instead of a table")
+    s.add_argument("--plot", type=Path, help="save a plot of weights, ESS and particle ancestry to this PNG file")
+    s.add_argument("--top", type=int, default=TABLE_ROWS, help="rows of the table (distinct strings)")
+
+    sub.add_parser("models", help="list the built-in model names")
+    return parser
+
+
+def _short(text: str, width: int = TEXT_WIDTH) -> str:
+    text = repr(text)[1:-1]
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def _load_models(names: Sequence[str], bf16: bool, bar) -> dict:
+    import jax.numpy as jnp
+
+    from smc_jax.models import load_model
+
+    models = {}
+    for name in dict.fromkeys(names):
+        bar.set_description(f"loading {name}")
+        model = load_model(name)
+        models[name] = model.astype(jnp.bfloat16) if bf16 else model
+        bar.update(1)
+    return models
+
+
+def run_sample(args: argparse.Namespace) -> int:
+    from tqdm.auto import tqdm
+
+    from smc_jax.api import EnsembleSampler, Expert
+    from smc_jax.smc.progress import report_progress
+
+    pairs = [tuple(e) for e in args.expert] if args.expert else list(DEFAULT_EXPERTS)
+    with tqdm(total=len({m for m, _ in pairs}), unit="model", file=sys.stderr, disable=args.json) as bar:
+        models = _load_models([m for m, _ in pairs], args.bf16, bar)
+    experts = tuple(
+        Expert(models[m], [{"role": "user", "content": p}] if args.chat else p) for m, p in pairs
+    )
+    sampler = EnsembleSampler(
+        experts=experts, f=args.f, weights=tuple(args.weights) if args.weights else None, level=args.level,
+        num_particles=args.particles, ess_threshold=args.ess_threshold, resampler=args.resampler,
+        max_length=args.max_length, temperature=args.temperature, beam_width=args.beam_width,
+        prune_threshold=args.prune_threshold, at_max_length=args.at_max_length, progress=not args.json,
+    )
+    steps = sampler.smc.num_steps
+    start = time.perf_counter()
+    with tqdm(total=steps, unit="step", file=sys.stderr, disable=args.json, desc="compiling + sampling") as bar:
+
+        def on_step(step: int, active: int) -> None:
+            bar.set_description(f"sampling ({active} of {args.particles} particles active)")
+            bar.update(max(0, step + 1 - bar.n))
+
+        with report_progress(on_step):
+            result = sampler(args.seed)
+        bar.update(bar.total - bar.n)
+    elapsed = time.perf_counter() - start
+
+    if args.plot:
+        from smc_jax.plots import plot_run
+
+        plot_run(result, args.plot, title=f"{args.level} {args.f}-ensemble of {len(experts)} experts")
+    if args.json:
+        print(json.dumps(_as_json(result, pairs, args, elapsed), indent=2))
+    else:
+        _print_table(result, pairs, args, elapsed)
+    return 0
+
+
+def _as_json(result, pairs, args, elapsed: float) -> dict:
+    return {
+        "experts": [{"model": m, "prompt": p} for m, p in pairs],
+        "f": args.f,
+        "level": args.level,
+        "log_Z": result.log_Z,
+        "particles": [
+            {"text": t, "weight": float(w), "finished": bool(fin), "expert_logprobs": [float(v) for v in lp]}
+            for t, w, fin, lp in zip(result.texts, result.weights, result.finished, result.expert_logprobs)
+        ],
+        "posterior": [{"text": k if isinstance(k, str) else k[0], "finished": isinstance(k, str), "weight": w}
+                      for k, w in result.posterior()],
+        "ess": [float(v) for v in result.ess],
+        "resampled": [bool(v) for v in result.resampled],
+        "stats": {k: v for k, v in result.stats.items()},
+        "seconds": elapsed,
+    }
+
+
+def _print_table(result, pairs, args, elapsed: float) -> None:
+    print(f"{args.level}-level {args.f} ensemble of {len(pairs)} experts, M={args.particles}:")
+    for i, (m, p) in enumerate(pairs):
+        print(f"  expert {i}: {m} <- {p!r}")
+    print(f"\n  {'weight':>7}  {'done':4}  text")
+    for key, weight in result.posterior()[: args.top]:
+        text, done = (key, "yes") if isinstance(key, str) else (key[0], "…")
+        print(f"  {weight:7.3f}  {done:4}  {_short(text)}")
+    log_z = "n/a (local baseline: weights ignored)" if result.log_Z is None else f"{result.log_Z:.4f}"
+    print(f"\nlog Z-hat: {log_z}")
+    resamples = int(result.resampled.sum())
+    stats = result.stats
+    print(
+        f"steps: {result.num_steps}, resampled {resamples} times, model calls: {stats.get('model_calls', 'n/a')}, "
+        f"{elapsed:.1f} s (includes compilation on a first run)"
+    )
+    if args.plot:
+        print(f"plot: {args.plot}")
+    if not math.isfinite(result.log_Z or 0.0):
+        print("warning: every particle has zero weight", file=sys.stderr)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command == "models":
+        from smc_jax.models.registry import EMBEDDED
+
+        for model in EMBEDDED.values():
+            print(f"{model.name:24s} aliases: {', '.join(model.aliases) or '-'}")
+        print("also: a local Hugging Face directory, a .gguf file, or a hub id (when the hub is reachable)")
+        return 0
+    return run_sample(args)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
