@@ -97,9 +97,12 @@ _prefill_prompts = jax.jit(
 )
 
 
-def prefill_prompts(model: LanguageModel, prompts: Sequence[Prompt], max_new_tokens: int):
-    """Prompt caches of K prompts padded to one bucket size, stacked, and their next-token logits."""
-    ids = [model.encode_prompt(p) for p in prompts]
+def prefill_prompts(
+    model: LanguageModel, prompts: Sequence[Prompt] | Sequence[Sequence[int]], max_new_tokens: int, token_ids: bool = False
+):
+    """Prompt caches of K prompts padded to one bucket size, stacked, and their next-token logits
+    (prompts are text or chat messages, or token ids when `token_ids`)."""
+    ids = [list(p) for p in prompts] if token_ids else [model.encode_prompt(p) for p in prompts]
     for i, seq in enumerate(ids):
         if len(seq) == 0:
             raise ValueError(f"prompt {i} is empty after tokenization; give it some text")
@@ -152,6 +155,7 @@ class EnsembleSampler:
     prune_threshold: float = DEFAULT_PRUNE_THRESHOLD
     at_max_length: str = "eos"
     progress: bool = False
+    prompt_as_bytes: bool = False
 
     def __post_init__(self):
         object.__setattr__(self, "experts", tuple(as_experts(self.experts)))
@@ -169,6 +173,11 @@ class EnsembleSampler:
                     )
         if self.level == "byte" and not (self.beam_width >= 1 and 0 <= self.prune_threshold < 1):
             raise ValueError("beam_width must be >= 1 and prune_threshold in [0, 1)")
+        if self.prompt_as_bytes:
+            if self.level != "byte":
+                raise ValueError("prompt_as_bytes reads prompts through the byte beam: it needs level='byte'")
+            if any(not isinstance(e.prompt, str) for e in self.experts):
+                raise ValueError("prompt_as_bytes takes raw-text prompts (chat templates hold control tokens)")
         groups = _groups(list(self.experts))
         order = [i for _, idx in groups for i in idx]
         weights = None if self.weights is None else [self.weights[i] for i in order]
@@ -197,7 +206,23 @@ class EnsembleSampler:
 
     def _group(self, model: LanguageModel, indices: list[int], scale: int):
         prompts = [self.experts[i].prompt for i in indices]
-        prefixes, logits = prefill_prompts(model, prompts, self.max_length)
+        prompt_bytes = prompt_lengths = None
+        max_tokens = self.max_length
+        if self.prompt_as_bytes:
+            # GenLM's convention: the model sees only BOS; the prompt's bytes go through the beam.
+            bos = model.tokenizer.bos_token_id if model.tokenizer else None
+            if bos is None:
+                raise ValueError(f"{model.name} has no BOS token to start a byte-level prompt from")
+            encoded = [p.encode("utf-8") for p in prompts]
+            prompt_bytes = np.zeros((len(encoded), max(1, max(len(b) for b in encoded))), np.int32)
+            for i, b in enumerate(encoded):
+                prompt_bytes[i, : len(b)] = list(b)
+            prompt_lengths = jnp.asarray([len(b) for b in encoded], jnp.int32)
+            prompt_bytes = jnp.asarray(prompt_bytes)
+            max_tokens += prompt_bytes.shape[1]
+            prefixes, logits = prefill_prompts(model, [[bos]] * len(prompts), max_tokens, token_ids=True)
+        else:
+            prefixes, logits = prefill_prompts(model, prompts, self.max_length)
         paged = PagedTransformer(params=model.params, config=model.config)
         eos = tuple(model.tokenizer.eos_token_ids) if model.tokenizer else ()
         if not eos:
@@ -209,7 +234,7 @@ class EnsembleSampler:
             # Starting capacities well below the worst case (beams share nearly everything);
             # doubled on overflow.
             num_contexts = min(1 + m * c + 2 * m * c * trie.max_duplicates, 1 + 3 * m * c) * scale
-            num_entries = (2 * m * (self.max_length + 1) + num_contexts) * scale
+            num_entries = (2 * m * (max_tokens + 1) + num_contexts) * scale
             return ByteExperts(
                 model=paged,
                 prefixes=prefixes,
@@ -218,10 +243,12 @@ class EnsembleSampler:
                 allowed=jnp.asarray(allowed),
                 eos_ids=eos,
                 beam=BeamConfig(width=self.beam_width, threshold=self.prune_threshold),
-                max_tokens=self.max_length,
+                max_tokens=max_tokens,
                 temperature=self.temperature,
                 num_entries=num_entries,
                 num_contexts=num_contexts,
+                prompt_bytes=prompt_bytes,
+                prompt_lengths=prompt_lengths,
             )
         return TokenExperts(
             model=paged,

@@ -30,7 +30,6 @@ from smc_jax.bytes.beam import (
 )
 from smc_jax.bytes.trie import TokenTrie
 from smc_jax.bytes.vocab import NUM_BYTES
-from smc_jax.experts.base import where_active
 from smc_jax.experts.contexts import (
     NO_CONTEXT,
     PROMPT_CONTEXT,
@@ -70,6 +69,10 @@ class ByteExperts:
     temperature: float = struct.field(pytree_node=False, default=1.0)
     num_entries: int | None = struct.field(pytree_node=False, default=None)  # None: the worst case
     num_contexts: int | None = struct.field(pytree_node=False, default=None)  # None: the worst case
+    # GenLM's prompt convention: the prefix holds only BOS, and these raw prompt bytes (padded,
+    # with their lengths) are read through the beam at init, summing over their tokenizations.
+    prompt_bytes: Int[Array, "K P"] | None = None
+    prompt_lengths: Int[Array, "K"] | None = None
 
     @property
     def num_experts(self) -> int:
@@ -102,20 +105,36 @@ class ByteExperts:
         stores = jax.vmap(lambda s: init_store(self.model, s, num_entries, num_contexts, self.max_tokens))(
             self._summarize(self.prompt_logits)
         )
-        beam = initial_beam(m, c, d, PROMPT_CONTEXT)
-        beams = jax.tree.map(lambda x: jnp.broadcast_to(x[:, None], (m, self.num_experts) + x.shape[1:]), beam)
-        return self._refresh(ByteExpertState(beams, stores), jnp.ones((m,), bool))
+        k = self.num_experts
+        if self.prompt_bytes is None:
+            beam = initial_beam(m, c, d, PROMPT_CONTEXT)
+            beams = jax.tree.map(lambda x: jnp.broadcast_to(x[:, None], (m, k) + x.shape[1:]), beam)
+            return self._refresh(ByteExpertState(beams, stores), jnp.ones((m, k), bool))
+        # Read the prompt bytes once (one particle), then give every particle that beam.
+        beam = initial_beam(1, c, d, PROMPT_CONTEXT)
+        one = self._refresh(
+            ByteExpertState(jax.tree.map(lambda x: jnp.broadcast_to(x[:, None], (1, k) + x.shape[1:]), beam), stores),
+            jnp.ones((1, k), bool),
+        )
 
-    def _refresh(self, state: ByteExpertState, active: Bool[Array, "M"]) -> ByteExpertState:
+        def read(state, position):
+            byte = self.prompt_bytes[:, position][None]  # [1, K]
+            return self._advance(state, byte, (position < self.prompt_lengths)[None]), None
+
+        one, _ = jax.lax.scan(read, one, jnp.arange(self.prompt_bytes.shape[1]))
+        beams = jax.tree.map(lambda x: jnp.broadcast_to(x, (m,) + x.shape[1:]), one.beams)
+        return ByteExpertState(beams, one.stores)
+
+    def _refresh(self, state: ByteExpertState, active: Bool[Array, "M K"]) -> ByteExpertState:
         """Materializes the extensions the new beams need (one model call for all K experts),
         then computes their next-byte distributions."""
         beams, stores = state
-        m, k = active.shape[0], self.num_experts
+        m, k = active.shape
         c, d = self.num_slots, self.trie.max_duplicates
         parent, token, wanted = jax.vmap(
             lambda table, beam: extension_requests(self.trie, table, beam, self.beam), in_axes=(0, 1), out_axes=1
         )(stores.summary, beams)  # [M, K, C, D]
-        wanted = wanted & active[:, None, None, None]
+        wanted = wanted & active[:, :, None, None]
         flat = lambda x: jnp.moveaxis(x, 1, 0).reshape(k, m * c * d)
         keep = jnp.moveaxis(beams.context, 1, 0).reshape(k, m * c)
         stores, created = extend_group(
@@ -123,14 +142,14 @@ class ByteExperts:
             bucket_sizes(m * c * d, smallest=8),
         )
         created = jnp.moveaxis(created.reshape(k, m, c, d), 0, 1)
-        ext_context = jnp.where(wanted, created, jnp.where(active[:, None, None, None], NO_CONTEXT, beams.ext_context))
+        ext_context = jnp.where(wanted, created, jnp.where(active[:, :, None, None], NO_CONTEXT, beams.ext_context))
         beams = beams._replace(ext_context=ext_context)
         next_logp, log_mass = jax.vmap(
             lambda table, beam: next_byte_logprobs(self.trie, table, beam, self.beam), in_axes=(0, 1), out_axes=1
         )(stores.summary, beams)
         beams = beams._replace(
-            next_logp=jnp.where(active[:, None, None], next_logp, beams.next_logp),
-            log_mass=jnp.where(active[:, None], log_mass, beams.log_mass),
+            next_logp=jnp.where(active[:, :, None], next_logp, beams.next_logp),
+            log_mass=jnp.where(active, log_mass, beams.log_mass),
         )
         return ByteExpertState(beams, stores)
 
@@ -138,11 +157,19 @@ class ByteExperts:
         return state.beams.next_logp
 
     def advance(self, state: ByteExpertState, symbols: Int[Array, "M"], active: Bool[Array, "M"]) -> ByteExpertState:
-        byte = jnp.clip(symbols, 0, NUM_BYTES - 1)
+        k = self.num_experts
+        byte = jnp.broadcast_to(jnp.clip(symbols, 0, NUM_BYTES - 1)[:, None], (symbols.shape[0], k))
+        return self._advance(state, byte, jnp.broadcast_to(active[:, None], byte.shape))
+
+    def _advance(self, state: ByteExpertState, byte: Int[Array, "M K"], active: Bool[Array, "M K"]) -> ByteExpertState:
+        """Reads byte[m, k] into expert k's beam of particle m where active[m, k]."""
         shifted = jax.vmap(
-            lambda table, beam: shift(self.trie, table, beam, byte, self.beam), in_axes=(0, 1), out_axes=1
-        )(state.stores.summary, state.beams)
-        beams = where_active(active, shifted, state.beams)
+            lambda table, beam, b: shift(self.trie, table, beam, b, self.beam), in_axes=(0, 1, 1), out_axes=1
+        )(state.stores.summary, state.beams, byte)
+        m, k = active.shape
+        beams = jax.tree.map(
+            lambda new, old: jnp.where(active.reshape((m, k) + (1,) * (new.ndim - 2)), new, old), shifted, state.beams
+        )
         return self._refresh(ByteExpertState(beams, state.stores), active)
 
     def reorder(self, state: ByteExpertState, ancestors: Int[Array, "M"]) -> ByteExpertState:
@@ -192,8 +219,9 @@ def _bucket_length(n: int, smallest: int = 8) -> int:
 class ByteLogprob(NamedTuple):
     """log-probabilities of a byte string under a byte-level expert (natural log).
 
-    `prefix`: log of the beam's total weight after the string (genlm's logZ): the exact prefix
-    probability with an unpruned beam, a lower bound otherwise. `complete`: prefix + log P(EOS |
+    `prefix`: log of the beam's total weight after the string minus that after the prompt
+    (genlm's logZ - base): the exact prefix probability with an unpruned beam, a lower bound
+    otherwise (for a prompt read as bytes, the ratio of two such bounds). `complete`: prefix + log P(EOS |
     string). `conditionals[i]`: log P(byte i | bytes < i) (their sum is the chain-rule prefix
     log-probability under the beam's own, normalized, conditionals)."""
 
@@ -210,12 +238,13 @@ def byte_logprob(experts: ByteExperts, data: bytes) -> ByteLogprob:
     n = len(data)
     padded = np.zeros(_bucket_length(n), np.int32)
     padded[:n] = np.frombuffer(data, np.uint8)
-    final, cond = _read_bytes(experts, _init_one(experts), jnp.asarray(padded), jnp.asarray(n, jnp.int32))
+    start = _init_one(experts)
+    final, cond = _read_bytes(experts, start, jnp.asarray(padded), jnp.asarray(n, jnp.int32))
     problem = experts.failure(final)
     if problem is not None:
         raise RuntimeError(problem)
     next_logp = np.asarray(final.beams.next_logp[0, 0], np.float64)
-    prefix = float(final.beams.log_mass[0, 0])
+    prefix = float(final.beams.log_mass[0, 0] - start.beams.log_mass[0, 0])
     return ByteLogprob(
         prefix=prefix,
         complete=prefix + float(next_logp[EOS_BYTE]),

@@ -159,3 +159,31 @@ def test_byte_smc_is_unbiased_for_the_exact_byte_ensemble(f):
     assert abs(z.mean() - true_z) < 4.5 * se, (z.mean(), true_z, se)
     assert np.all(np.isin(np.asarray(states.symbols), [-1, ord("a"), ord("b")]))
     assert not np.any(np.asarray(states.expert_state.stores.overflow))
+
+
+def test_prompt_read_as_bytes_sums_over_its_tokenizations():
+    """GenLM's convention: start at BOS and read the prompt's bytes through the beam. With an
+    unpruned beam, P(x | prompt bytes y) = P(y x) / P(y) exactly."""
+    lm = NGramTokenLM.random(jax.random.key(5), vocab_size=len(VOCAB), order=3)
+    bos_history, bos_logits = lm.prefill([])
+    prompts = [b"ab", b"aba"]
+    width = max(len(p) for p in prompts)
+    padded = np.zeros((2, width), np.int32)
+    for i, p in enumerate(prompts):
+        padded[i, : len(p)] = list(p)
+    both = ByteExperts(
+        model=lm, prefixes=jnp.stack([bos_history] * 2), prompt_logits=jnp.stack([bos_logits] * 2),
+        trie=TokenTrie.build(VOCAB), allowed=jnp.ones((len(VOCAB),), bool), eos_ids=(EOS_ID,),
+        beam=BeamConfig(width=16), max_tokens=8, prompt_bytes=jnp.asarray(padded),
+        prompt_lengths=jnp.asarray([len(p) for p in prompts], jnp.int32),
+    )
+    exact = ExactByteLM(lm, VOCAB, ())
+    for i, y in enumerate(prompts):
+        one = both.replace(
+            prefixes=both.prefixes[i : i + 1], prompt_logits=both.prompt_logits[i : i + 1],
+            prompt_bytes=both.prompt_bytes[i : i + 1], prompt_lengths=both.prompt_lengths[i : i + 1],
+        )
+        for x in [b"", b"a", b"ba", b"abb"]:
+            got = byte_logprob(one, x)
+            np.testing.assert_allclose(got.prefix, exact.prefix(y + x) - exact.prefix(y), atol=2e-5)
+            np.testing.assert_allclose(got.complete, exact.complete(y + x) - exact.prefix(y), atol=2e-5)
