@@ -308,6 +308,7 @@ def sample(
     beam_width: int = DEFAULT_BEAM_WIDTH,
     prune_threshold: float = DEFAULT_PRUNE_THRESHOLD,
     at_max_length: str = "eos",
+    prompt_as_bytes: bool = False,
     allow_zero_weight: bool = False,
 ) -> SMCResult:
     """Samples from the global f-ensemble of the experts with SMC (or the local baseline).
@@ -315,8 +316,9 @@ def sample(
     experts: (model, prompt) pairs; f: a name (min, harmonic, product, mixture/sum, quadratic,
     max), an exponent tau, or an Ensemble; weights: expert weights on the simplex (uniform by
     default); level: "token", "byte" or "local"; max_length: in tokens (token levels) or bytes;
-    beam_width / prune_threshold: the byte-level beam; seed: an int or a PRNG key (same seed,
-    same result).
+    beam_width / prune_threshold: the byte-level beam; prompt_as_bytes: read raw-text prompts
+    through the byte beam from BOS (GenLM's convention) instead of tokenizing them canonically;
+    seed: an int or a PRNG key (same seed, same result).
     """
     sampler = EnsembleSampler(
         experts=tuple(as_experts(experts)),
@@ -331,5 +333,6 @@ def sample(
         beam_width=beam_width,
         prune_threshold=prune_threshold,
         at_max_length=at_max_length,
+        prompt_as_bytes=prompt_as_bytes,
     )
     return sampler(seed, allow_zero_weight=allow_zero_weight)
