@@ -1,0 +1,97 @@
+"""Next-byte distributions per second on the embedded models (issue 4).
+
+For SmolLM2-135M-Instruct and Gemma 3 270M, each of M sequences (M = 1 and 10) reads its own
+slice of a fixed English text byte by byte through a beam over tokenizations (beam widths 1, 5,
+10; relative prune threshold 0.05), computing the next-byte distribution after every byte. One
+jitted scan per setting; the median of repeated runs after a warm-up (compilation excluded and
+reported separately). Reports bytes/s (M * T / seconds), model calls per byte (sequential
+batched calls / T) and rows per call. Writes benchmarks/results/bench_bytes.{json,md}.
+
+Run: python benchmarks/bench_bytes.py [--bytes 64] [--repeats 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+from tqdm import tqdm  # noqa: E402
+
+from benchmarks.common import save, timed  # noqa: E402
+from smc_jax import load_model  # noqa: E402
+from smc_jax.api import EnsembleSampler, Expert  # noqa: E402
+from smc_jax.experts.contexts import context_stats  # noqa: E402
+
+TEXT = (
+    "The history of science is full of people who were both careful observers and gifted writers. "
+    "Galileo described the moons of Jupiter in a short book written for a wide audience, and Newton "
+    "argued with his critics in long letters. In the twentieth century, Richard Feynman gave lectures "
+    "that are still read today, while Carl Sagan wrote about the cosmos for millions of readers. "
+    "Good explanations need patience, examples and a clear voice; the best of them feel like a "
+    "conversation with a friend who happens to know a great deal about the universe."
+).encode()
+PROMPT = "Here is a paragraph about scientists:"
+MODELS = ("smollm2-135m-instruct", "gemma3-270m")
+
+
+def reader(num_sequences: int):
+    @jax.jit
+    def read(experts, data):
+        state = experts.init(num_sequences)
+
+        def body(state, column):
+            logp = experts.logprobs(state)[:, 0]
+            return experts.advance(state, column, jnp.ones((num_sequences,), bool)), logp
+
+        state, logps = jax.lax.scan(body, state, data.T)
+        return state, logps
+
+    return read
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--bytes", type=int, default=64, help="bytes read by each sequence")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--widths", type=int, nargs="+", default=[1, 5, 10])
+    parser.add_argument("--sequences", type=int, nargs="+", default=[1, 10])
+    args = parser.parse_args()
+    rows = []
+    settings = [(m, w, s) for m in MODELS for s in args.sequences for w in args.widths]
+    models = {}
+    for name, width, seqs in tqdm(settings, desc="settings"):
+        model = models.setdefault(name, load_model(name))
+        sampler = EnsembleSampler(experts=(Expert(model, PROMPT),), level="byte", num_particles=seqs,
+                                  max_length=args.bytes, beam_width=width, prune_threshold=0.05)
+        experts = sampler.build()
+        data = np.stack([np.frombuffer(TEXT[i * 7 : i * 7 + args.bytes], np.uint8) for i in range(seqs)]).astype(np.int32)
+        data = jnp.asarray(data)
+        read = reader(seqs)
+        start = time.perf_counter()
+        jax.block_until_ready(read(experts, data))
+        compile_s = time.perf_counter() - start
+        seconds, _, (state, logps) = timed(lambda: jax.block_until_ready(read(experts, data)), args.repeats, warmup=0)
+        stats = context_stats(state.stores)
+        logps = np.asarray(logps)
+        assert np.isfinite(logps[np.arange(args.bytes)[:, None], np.arange(seqs)[None], np.asarray(data).T]).all()
+        rows.append({
+            "model": name, "sequences": seqs, "beam_width": width, "bytes": args.bytes,
+            "bytes_per_s": seqs * args.bytes / seconds, "seconds": seconds, "compile_s": compile_s,
+            "calls_per_byte": stats["model_calls"] / args.bytes,
+            "rows_per_call": stats["rows_needed"] / max(stats["model_calls"], 1),
+        })
+    columns = ["model", "sequences", "beam_width", "bytes_per_s", "calls_per_byte", "rows_per_call", "seconds", "compile_s"]
+    table = save("bench_bytes", rows, columns, {"bytes": args.bytes, "repeats": args.repeats, "prune_threshold": 0.05,
+                                                "prompt": PROMPT},
+                 notes="Next-byte distributions along a fixed text (teacher forcing), float32 on CPU.")
+    print(table)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,69 @@
+"""Shared benchmark plumbing: machine facts, timing with warm-up and medians, result files.
+
+Every script prints a markdown table and saves `benchmarks/results/<name>.json` and `.md`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+RESULTS = Path(__file__).parent / "results"
+
+
+def machine() -> dict[str, Any]:
+    import jax
+
+    return {
+        "platform": platform.platform(),
+        "processor": platform.processor() or platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "jax": jax.__version__,
+        "devices": [str(d) for d in jax.devices()],
+        "load_average": os.getloadavg(),
+        "XLA_FLAGS": os.environ.get("XLA_FLAGS", ""),
+        "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", ""),
+    }
+
+
+def timed(fn: Callable[[], Any], repeats: int, warmup: int = 1) -> tuple[float, list[float], Any]:
+    """Median seconds of `repeats` calls after `warmup` calls (each call must block until done)."""
+    out = None
+    for _ in range(warmup):
+        out = fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        out = fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times), times, out
+
+
+def markdown_table(rows: Sequence[dict[str, Any]], columns: Sequence[str]) -> str:
+    def fmt(v: Any) -> str:
+        if isinstance(v, float):
+            return f"{v:.3g}" if abs(v) < 1000 else f"{v:.0f}"
+        return str(v)
+
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(fmt(r.get(c, "")) for c in columns) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def save(name: str, rows: Sequence[dict[str, Any]], columns: Sequence[str], meta: dict[str, Any], notes: str = "") -> str:
+    """Writes results/<name>.json (rows + meta + machine) and results/<name>.md; returns the table."""
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    info = {"machine": machine(), **meta}
+    (RESULTS / f"{name}.json").write_text(json.dumps({"meta": info, "rows": list(rows)}, indent=2, default=str))
+    table = markdown_table(rows, columns)
+    header = f"# {name}\n\n" + (notes.strip() + "\n\n" if notes else "")
+    settings = "\n".join(f"- {k}: {v}" for k, v in info.items() if k != "machine")
+    body = f"{header}{table}\n\nSettings:\n{settings}\n- machine: {info['machine']}\n"
+    (RESULTS / f"{name}.md").write_text(body)
+    return table
