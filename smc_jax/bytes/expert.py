@@ -37,6 +37,7 @@ from smc_jax.experts.contexts import (
     PagedModel,
     bucket_sizes,
     context_stats,
+    store_failure,
     extend_group,
     init_store,
 )
@@ -179,13 +180,8 @@ class ByteExperts:
         """Host-side: model calls made, rows computed (padding included) and rows needed."""
         return context_stats(state.stores)
 
-    def failure(self, state: ByteExpertState) -> str | None:
-        if bool(np.any(np.asarray(state.stores.overflow))):
-            return (
-                "the byte-level context store overflowed (a continuation needing more than max_tokens "
-                "tokens); raise max_tokens / the sampler's max_length"
-            )
-        return None
+    def failure(self, state) -> str | None:
+        return store_failure(state.stores)
 
 
 @jax.jit

@@ -263,3 +263,14 @@ def context_stats(stores: ContextStore) -> dict[str, int]:
         "rows_computed": int(np.asarray(stores.rows).sum()),
         "rows_needed": int(np.asarray(stores.requests).sum()),
     }
+
+
+def store_failure(stores: ContextStore) -> str | None:
+    """Host-side: the error message when a (stack of) store(s) ran out of room, else None."""
+    if bool(np.any(np.asarray(stores.overflow))):
+        return (
+            "the context store overflowed: a continuation needed more than max_tokens tokens, or more "
+            "contexts or pool entries were alive than its capacity; raise max_length or the store's "
+            "capacities (smc_jax.api grows them automatically)"
+        )
+    return None

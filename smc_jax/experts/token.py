@@ -13,7 +13,6 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from flax import struct
 from jaxtyping import Array, Bool, Float, Int
 
@@ -23,6 +22,7 @@ from smc_jax.experts.contexts import (
     PagedModel,
     bucket_sizes,
     context_stats,
+    store_failure,
     extend_group,
     init_store,
 )
@@ -107,11 +107,5 @@ class TokenExperts:
         """Host-side: model calls made, rows computed (padding included) and rows needed."""
         return context_stats(state.stores)
 
-    def failure(self, state: TokenExpertState) -> str | None:
-        """Host-side check after a run: a message if the context store ran out of room."""
-        if bool(np.any(np.asarray(state.stores.overflow))):
-            return (
-                "the token context store overflowed (a continuation longer than max_tokens, or more "
-                "live contexts than its capacity); raise max_tokens / the sampler's max_length"
-            )
-        return None
+    def failure(self, state) -> str | None:
+        return store_failure(state.stores)
