@@ -131,7 +131,7 @@ def log_normalizer_and_grad(
 ) -> tuple[Float[Array, ""], EnsembleParams]:
     """One SMC run at theta: log Z_hat and the estimate sum_m wbar_m d/dtheta log phi_theta(x_m)
     of d/dtheta log Z_theta (particles and weights held fixed)."""
-    state = smc.run(key, experts, to_ensemble(params, base))
+    state = smc.run(key, experts, jax.lax.stop_gradient(to_ensemble(params, base)))
     log_z_hat = jax.nn.logsumexp(state.log_weights) - math.log(smc.num_particles)
     wbar, log_p = particle_weights(state)
     grad = jax.grad(lambda p: jnp.sum(wbar * to_ensemble(p, base).log_target(log_p)))(params)
