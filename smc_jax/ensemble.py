@@ -124,12 +124,12 @@ def log_generalized_mean(
     taylor_branch = mean + finite_tau0 * kappa2 / 2 + finite_tau0**2 * kappa3 / 6
 
     # Small |tau| * spread: m + log1p(sum_k w_k expm1(tau d_k)) / tau, free of 0/0 cancellation.
-    safe_tau = jnp.where(tau == 0, 1.0, tau)
-    series_arg = jnp.sum(weights * jnp.expm1(jnp.clip(safe_tau * dev, -_SERIES_LIMIT, _SERIES_LIMIT)), -1)
-    series_branch = mean + jnp.log1p(series_arg) / safe_tau
+    # (tau = 0 and tau = +-inf never take it: a finite non-zero stand-in keeps its gradient finite.)
+    finite_tau = jnp.where((tau == 0) | ~jnp.isfinite(tau), 1.0, tau)
+    series_arg = jnp.sum(weights * jnp.expm1(jnp.clip(finite_tau * dev, -_SERIES_LIMIT, _SERIES_LIMIT)), -1)
+    series_branch = mean + jnp.log1p(series_arg) / finite_tau
 
     # Otherwise: a max-shifted logsumexp of log w_k + tau l_k over the experts with p_k > 0.
-    finite_tau = jnp.where(jnp.isfinite(tau), safe_tau, 1.0)
     log_w = jnp.log(jnp.where(used, weights, 1.0))
     terms = jnp.where(used & finite, log_w + finite_tau * safe_l, -jnp.inf)
     shift = jax.lax.stop_gradient(jnp.max(jnp.where(used & finite, terms, -jnp.inf), axis=-1))

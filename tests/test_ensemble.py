@@ -168,3 +168,11 @@ def test_ensemble_is_a_pytree():
     leaves = jax.tree.leaves(ens)
     assert len(leaves) == 2
     assert isinstance(jax.tree.map(lambda x: x, ens), GeneralizedMean)
+
+
+def test_weight_gradients_are_finite_at_infinite_tau():
+    """min / max do not depend on the weights: gradient 0, not NaN (learning with tau fixed at +-inf)."""
+    lp = jnp.log(jnp.array([[0.2, 0.5, 0.05], [0.0, 0.3, 0.1]]))
+    for tau in [-math.inf, math.inf]:
+        g = jax.grad(lambda w: jnp.sum(log_generalized_mean(lp, tau, w)))(jnp.asarray(W, jnp.float32))
+        np.testing.assert_array_equal(np.asarray(g), 0.0)
