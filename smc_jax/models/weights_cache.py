@@ -4,13 +4,16 @@ Opening Gemma 3's GGUF file parses 262k token strings (~13 s), its tokenizer con
 long again, and dequantizing takes ~3 s. An entry stores the result instead: the float32 params as
 one safetensors file, the ModelConfig and eos ids as JSON and the tokenizer as `save_pretrained`
 files. Entries live in `$SMC_JAX_CACHE_DIR` (default ~/.cache/smc_jax), are keyed on the source
-file's name, size and modification time (and this format's version), and are written to a
+file's name, size and modification time and on a digest of the converting code (so a change to
+the mapping tables or the config invalidates old entries), and are written to a
 temporary folder that is renamed into place, so a reader never sees a half-written entry and two
 writers cannot corrupt each other. Set SMC_JAX_NO_CACHE=1 to bypass the cache.
 """
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import json
 import logging
 import os
@@ -56,10 +59,25 @@ def cache_root() -> Path:
     return Path(os.environ.get(CACHE_DIR_ENV, DEFAULT_CACHE_DIR)).expanduser()
 
 
+# The modules whose code determines a conversion's result.
+_CONVERTING_MODULES = ("config", "params", "mapping", "gguf_loader", "registry", "weights_cache")
+DIGEST_CHARS = 12
+
+
+@functools.cache
+def code_digest() -> str:
+    """Short SHA-256 of the converting modules' source files."""
+    digest = hashlib.sha256(str(FORMAT_VERSION).encode())
+    package = Path(__file__).parent
+    for module in _CONVERTING_MODULES:
+        digest.update((package / f"{module}.py").read_bytes())
+    return digest.hexdigest()[:DIGEST_CHARS]
+
+
 def entry_path(source: Path, name: str) -> Path:
-    """Where the conversion of `source` is cached: changes whenever the file changes."""
+    """Where the conversion of `source` is cached: changes whenever the file or the code changes."""
     stat = source.stat()
-    return cache_root() / f"{_safe(name)}-{stat.st_size}-{stat.st_mtime_ns}-v{FORMAT_VERSION}"
+    return cache_root() / f"{_safe(name)}-{stat.st_size}-{stat.st_mtime_ns}-{code_digest()}"
 
 
 def _safe(name: str) -> str:
@@ -104,7 +122,7 @@ def _write(entry: Path, converted: Converted, source: Path) -> None:
 
 def _remove_stale(entry: Path, name: str) -> None:
     """Drop entries of older versions of the same source file (same name, other size/mtime)."""
-    pattern = re.compile(re.escape(name) + r"-\d+-\d+-v\d+")
+    pattern = re.compile(re.escape(name) + r"-\d+-\d+-[0-9a-f]{%d}" % DIGEST_CHARS)
     for other in entry.parent.iterdir():
         if other != entry and other.is_dir() and pattern.fullmatch(other.name):
             shutil.rmtree(other, ignore_errors=True)
