@@ -190,10 +190,13 @@ def load_model(
     dtype: Any = jnp.float32,
     *,
     prompt_capacity: int = DEFAULT_PROMPT_CAPACITY,
+    unroll_layers: bool = False,
 ) -> LanguageModel:
     """Load a model and its tokenizer; params in `dtype` (float32 or bfloat16; logits are float32).
 
-    GGUF conversions are cached on disk (see `weights_cache`; SMC_JAX_NO_CACHE=1 turns that off).
+    `prompt_capacity` bounds prompt lengths (padded to power-of-two buckets); `unroll_layers`
+    trades compile time for speed (see `LanguageModel.with_unrolled_layers`). GGUF conversions
+    are cached on disk (see `weights_cache`; SMC_JAX_NO_CACHE=1 turns that off).
     """
     kind, path = resolve(name_or_path)
     if kind == "gguf":
@@ -208,7 +211,7 @@ def load_model(
         if converted.hf_tokenizer is not None
         else None
     )
-    return LanguageModel(
+    model = LanguageModel(
         config=config,
         params=to_device(converted.flat_params, dtype),
         tokenizer=tokenizer,
@@ -216,3 +219,4 @@ def load_model(
         source=str(path),
         prompt_capacity=prompt_capacity,
     )
+    return model.with_unrolled_layers() if unroll_layers else model
