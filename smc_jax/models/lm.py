@@ -34,7 +34,10 @@ decode = jax.jit(transformer.decode, static_argnames="config")
 def decode_step(
     params: Params, config: ModelConfig, prefix: PrefixCache, cache: KVCache, tokens: Int[Array, " rows"]
 ) -> tuple[Float[Array, "rows vocab"], KVCache]:
-    """One token per row: next-token logits and the cache with the token's keys/values appended."""
+    """One token per row: next-token logits and the cache with the token's keys/values appended.
+
+    The input cache is donated (its buffers are reused for the result): do not use it afterwards.
+    """
     logits, k, v = transformer.decode(params, config, prefix, cache.k, cache.v, cache.length, tokens)
     return logits, cache.append(k[:, :, None], v[:, :, None])
 

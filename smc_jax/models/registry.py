@@ -21,7 +21,7 @@ import jax.numpy as jnp
 
 from smc_jax.models.gguf_loader import load_gguf_checkpoint
 from smc_jax.models.lm import DEFAULT_PROMPT_CAPACITY, LanguageModel
-from smc_jax.models.params import to_device
+from smc_jax.models.params import cast, unflatten, unstack_layers
 from smc_jax.models.safetensors_loader import CONFIG_FILE, load_hf_checkpoint, read_hf_config
 from smc_jax.models.tokenizer import Tokenizer
 from smc_jax.models.weights_cache import Converted, cached_conversion
@@ -211,12 +211,14 @@ def load_model(
         if converted.hf_tokenizer is not None
         else None
     )
-    model = LanguageModel(
+    host = unflatten(converted.flat_params)
+    if unroll_layers:  # split on the host: no second copy of the weights on the device
+        host = unstack_layers(host)
+    return LanguageModel(
         config=config,
-        params=to_device(converted.flat_params, dtype),
+        params=cast(host, dtype),
         tokenizer=tokenizer,
         name=name,
         source=str(path),
         prompt_capacity=prompt_capacity,
     )
-    return model.with_unrolled_layers() if unroll_layers else model

@@ -285,7 +285,11 @@ def extend(
     suffix_v: Float[Array, "layers rows suffix kv_heads head_dim"],
     suffix_len: Int[Array, " rows"],
     tokens: Int[Array, "rows new"],
-) -> tuple[Float[Array, "rows new vocab"], Float[Array, "layers rows new kv_heads head_dim"], Array]:
+) -> tuple[
+    Float[Array, "rows new vocab"],
+    Float[Array, "layers rows new kv_heads head_dim"],
+    Float[Array, "layers rows new kv_heads head_dim"],
+]:
     """Feed T new tokens to each of R rows that continue one shared prompt.
 
     Row r's new token t sits at absolute position prefix.length + suffix_len[r] + t and attends to
@@ -344,7 +348,11 @@ def decode(
     suffix_v: Float[Array, "layers rows suffix kv_heads head_dim"],
     suffix_len: Int[Array, " rows"],
     tokens: Int[Array, " rows"],
-) -> tuple[Float[Array, "rows vocab"], Float[Array, "layers rows kv_heads head_dim"], Array]:
+) -> tuple[
+    Float[Array, "rows vocab"],
+    Float[Array, "layers rows kv_heads head_dim"],
+    Float[Array, "layers rows kv_heads head_dim"],
+]:
     """`extend` with one new token per row: logits [R, V] and new k, v [layers, R, kv_heads, hd]."""
     logits, k, v = extend(params, config, prefix, suffix_k, suffix_v, suffix_len, tokens[:, None])
     return logits[:, 0], k[:, :, 0], v[:, :, 0]

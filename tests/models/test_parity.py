@@ -209,6 +209,7 @@ def test_unrolled_layers_match_scan(arch, tiny):
     unrolled = scanned.with_unrolled_layers()
     assert unrolled.unrolled_layers and not scanned.unrolled_layers
     assert not unrolled.with_unrolled_layers(False).unrolled_layers
+    assert load_model(directory, unroll_layers=True).unrolled_layers
     tokens = np.random.default_rng(7).integers(0, tc.VOCAB, size=(2, SEQ))
     np.testing.assert_allclose(np.asarray(unrolled.forward(tokens)), np.asarray(scanned.forward(tokens)), atol=ATOL, rtol=0)
     outputs = []
