@@ -30,7 +30,7 @@ SUPPORTED_ROPE_SCALINGS: tuple[str, ...] = ("default", "linear", "llama3")
 
 # Defaults that HF configuration classes fill in when a config.json leaves a field out.
 GEMMA3_DEFAULT_GLOBAL_ROPE_THETA = 1_000_000.0
-GEMMA3_DEFAULT_LOCAL_ROPE_THETA = 10_000.0  # Not stored in GGUF files either: HF's default.
+GEMMA3_DEFAULT_LOCAL_ROPE_THETA = 10_000.0  # Older GGUF files lack rope.freq_base_swa: HF's default.
 GEMMA3_DEFAULT_SLIDING_PATTERN = 6  # Every 6th layer is global.
 GEMMA3_DEFAULT_QUERY_PRE_ATTN_SCALAR = 256
 DEFAULT_ROPE_THETA = 10_000.0
@@ -453,10 +453,8 @@ def from_gguf_metadata(
     if arch == "gemma3":
         window = get("attention.sliding_window")
         hf.update(sliding_window=int(window) if window else None)
-        hf["rope_parameters"] = {
-            FULL_ATTENTION: rope,
-            SLIDING_ATTENTION: {"rope_theta": GEMMA3_DEFAULT_LOCAL_ROPE_THETA},
-        }
+        local_theta = float(get("rope.freq_base_swa", GEMMA3_DEFAULT_LOCAL_ROPE_THETA))
+        hf["rope_parameters"] = {FULL_ATTENTION: rope, SLIDING_ATTENTION: {"rope_theta": local_theta}}
         if window is None:
             hf["layer_types"] = [FULL_ATTENTION] * layers
     elif arch == "gpt2":

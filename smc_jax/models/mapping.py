@@ -48,42 +48,23 @@ class Rule:
 
 
 # ---------------------------------------------------------------------------------------------
-# Transforms. HF nn.Linear stores [out, in]; our kernels are [in, ...out] (x @ W).
-
-
-def _heads_in(heads: Callable[[ModelConfig], int]) -> Transform:
-    """[heads * hd, D] -> kernel [D, heads, hd]."""
-    return lambda w, c: (w.T.reshape(c.hidden_size, heads(c), c.head_dim),)
-
-
-def _heads_bias(heads: Callable[[ModelConfig], int]) -> Transform:
-    return lambda b, c: (b.reshape(heads(c), c.head_dim),)
-
-
-def _heads_out(w: np.ndarray, c: ModelConfig) -> tuple[np.ndarray, ...]:
-    """o_proj [D, H * hd] -> kernel [H, hd, D]."""
-    return (w.T.reshape(c.num_heads, c.head_dim, c.hidden_size),)
+# Transforms. HF nn.Linear stores [out, in]; our kernels are [in, out] (x @ W).
 
 
 def _transpose(w: np.ndarray, c: ModelConfig) -> tuple[np.ndarray, ...]:
+    """[out, in] -> kernel [in, out]."""
     return (w.T,)
 
 
 def _split_qkv(w: np.ndarray, c: ModelConfig) -> tuple[np.ndarray, ...]:
-    """Fused [(H + 2K) * hd, D] (Phi-3 qkv_proj, GGUF attn_qkv) -> q, k, v kernels."""
-    q_rows, kv_rows = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
-    q, k, v = np.split(w, [q_rows, q_rows + kv_rows], axis=0)
-    return (
-        _heads_in(_h)(q, c)[0],
-        _heads_in(_kv)(k, c)[0],
-        _heads_in(_kv)(v, c)[0],
-    )
+    """Fused [(H + 2K) * hd, D] (Phi-3 qkv_proj, GGUF attn_qkv) -> q, k, v kernels [D, *]."""
+    q_rows, kv_rows = _q_rows(c), _kv_rows(c)
+    return tuple(part.T for part in np.split(w, [q_rows, q_rows + kv_rows], axis=0))
 
 
 def _split_qkv_bias(b: np.ndarray, c: ModelConfig) -> tuple[np.ndarray, ...]:
-    q_rows, kv_rows = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
-    q, k, v = np.split(b, [q_rows, q_rows + kv_rows])
-    return q.reshape(c.num_heads, c.head_dim), k.reshape(-1, c.head_dim), v.reshape(-1, c.head_dim)
+    q_rows, kv_rows = _q_rows(c), _kv_rows(c)
+    return tuple(np.split(b, [q_rows, q_rows + kv_rows]))
 
 
 def _split_gate_up(w: np.ndarray, c: ModelConfig) -> tuple[np.ndarray, ...]:
@@ -92,18 +73,9 @@ def _split_gate_up(w: np.ndarray, c: ModelConfig) -> tuple[np.ndarray, ...]:
     return gate.T, up.T
 
 
-def _gpt2_qkv(w: np.ndarray, c: ModelConfig) -> tuple[np.ndarray, ...]:
-    """GPT-2 Conv1D c_attn [D, 3D] (already [in, out]) -> q, k, v kernels [D, H, hd]."""
-    return tuple(part.reshape(c.hidden_size, c.num_heads, c.head_dim) for part in np.split(w, 3, axis=1))
-
-
-def _gpt2_qkv_bias(b: np.ndarray, c: ModelConfig) -> tuple[np.ndarray, ...]:
-    return tuple(part.reshape(c.num_heads, c.head_dim) for part in np.split(b, 3))
-
-
-def _gpt2_out(w: np.ndarray, c: ModelConfig) -> tuple[np.ndarray, ...]:
-    """GPT-2 Conv1D attn.c_proj [H * hd, D] -> kernel [H, hd, D]."""
-    return (w.reshape(c.num_heads, c.head_dim, c.hidden_size),)
+def _split_columns(x: np.ndarray, c: ModelConfig) -> tuple[np.ndarray, ...]:
+    """GPT-2 Conv1D c_attn, already [in, out]: [D, 3D] -> q, k, v kernels (or biases [3D])."""
+    return tuple(np.split(x, 3, axis=-1))
 
 
 def unpermute_llama_rows(w: np.ndarray, heads: int) -> np.ndarray:
@@ -115,10 +87,12 @@ def unpermute_llama_rows(w: np.ndarray, heads: int) -> np.ndarray:
     return w.reshape(heads, half, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def _gguf_llama_qk(heads: Callable[[ModelConfig], int], bias: bool = False) -> Transform:
+def _gguf_llama_qk(heads: Callable[[ModelConfig], int]) -> Transform:
+    """llama.cpp Q/K weight [rows, D] or bias [rows]: unpermute, then weights to [D, rows]."""
+
     def transform(w: np.ndarray, c: ModelConfig) -> tuple[np.ndarray, ...]:
         w = unpermute_llama_rows(w, heads(c))
-        return _heads_bias(heads)(w, c) if bias else _heads_in(heads)(w, c)
+        return (w.T,) if w.ndim == 2 else (w,)
 
     return transform
 
@@ -169,7 +143,7 @@ def _hf_decoder_rules(prefix: str, config: ModelConfig) -> list[Rule]:
         Rule(f"{prefix}embed_tokens\\.weight", ("embed",), lambda c: (c.vocab_size, c.hidden_size)),
         Rule(f"{prefix}norm\\.weight", ("final_norm/scale",), _d),
         Rule(layer + r"input_layernorm\.weight", ("layers/attn_norm/scale",), _d),
-        Rule(layer + r"self_attn\.o_proj\.weight", ("layers/o/kernel",), lambda c: (c.hidden_size, _q_rows(c)), _heads_out),
+        Rule(layer + r"self_attn\.o_proj\.weight", ("layers/o/kernel",), lambda c: (c.hidden_size, _q_rows(c)), _transpose),
         Rule(layer + r"mlp\.down_proj\.weight", ("layers/down/kernel",), lambda c: (c.hidden_size, c.intermediate_size), _transpose),
         Rule(r"(?:model\.)?rotary_emb\.inv_freq|" + layer + r"self_attn\.rotary_emb\.inv_freq", ()),
     ]
@@ -187,11 +161,11 @@ def _hf_decoder_rules(prefix: str, config: ModelConfig) -> list[Rule]:
             Rule(layer + r"post_attention_layernorm\.weight", ("layers/mlp_norm/scale",), _d),
         ]
     else:
-        for name, heads, rows in (("q", _h, _q_rows), ("k", _kv, _kv_rows), ("v", _kv, _kv_rows)):
+        for name, rows in (("q", _q_rows), ("k", _kv_rows), ("v", _kv_rows)):
             rules.append(Rule(layer + f"self_attn\\.{name}_proj\\.weight", (f"layers/{name}/kernel",),
-                              lambda c, rows=rows: (rows(c), c.hidden_size), _heads_in(heads)))
+                              lambda c, rows=rows: (rows(c), c.hidden_size), _transpose))
             rules.append(Rule(layer + f"self_attn\\.{name}_proj\\.bias", (f"layers/{name}/bias",),
-                              lambda c, rows=rows: (rows(c),), _heads_bias(heads)))
+                              lambda c, rows=rows: (rows(c),)))
         rules.append(Rule(layer + r"self_attn\.o_proj\.bias", ("layers/o/bias",), _d))
         for name in ("gate", "up"):
             rules.append(Rule(layer + f"mlp\\.{name}_proj\\.weight", (f"layers/{name}/kernel",),
@@ -223,10 +197,10 @@ def _hf_gpt2_rules(config: ModelConfig) -> list[Rule]:
         Rule(p + r"ln_f\.weight", ("final_norm/scale",), _d),
         Rule(p + r"ln_f\.bias", ("final_norm/bias",), _d),
         Rule(layer + r"attn\.c_attn\.weight", ("layers/q/kernel", "layers/k/kernel", "layers/v/kernel"),
-             lambda c: (c.hidden_size, 3 * c.hidden_size), _gpt2_qkv),
+             lambda c: (c.hidden_size, 3 * c.hidden_size), _split_columns),
         Rule(layer + r"attn\.c_attn\.bias", ("layers/q/bias", "layers/k/bias", "layers/v/bias"),
-             lambda c: (3 * c.hidden_size,), _gpt2_qkv_bias),
-        Rule(layer + r"attn\.c_proj\.weight", ("layers/o/kernel",), lambda c: (c.hidden_size, c.hidden_size), _gpt2_out),
+             lambda c: (3 * c.hidden_size,), _split_columns),
+        Rule(layer + r"attn\.c_proj\.weight", ("layers/o/kernel",), lambda c: (c.hidden_size, c.hidden_size)),
         Rule(layer + r"attn\.c_proj\.bias", ("layers/o/bias",), _d),
         Rule(layer + r"mlp\.c_fc\.weight", ("layers/up/kernel",), lambda c: (c.hidden_size, c.intermediate_size)),
         Rule(layer + r"mlp\.c_fc\.bias", ("layers/up/bias",), lambda c: (c.intermediate_size,)),
@@ -293,14 +267,14 @@ def gguf_table(config: ModelConfig) -> list[Rule]:
                  lambda c: (3 * c.hidden_size, c.hidden_size), _split_qkv),
             Rule(blk + r"attn_qkv\.bias", ("layers/q/bias", "layers/k/bias", "layers/v/bias"),
                  lambda c: (3 * c.hidden_size,), _split_qkv_bias),
-            Rule(blk + r"attn_output\.weight", ("layers/o/kernel",), lambda c: (c.hidden_size, c.hidden_size), _heads_out),
+            Rule(blk + r"attn_output\.weight", ("layers/o/kernel",), lambda c: (c.hidden_size, c.hidden_size), _transpose),
             Rule(blk + r"attn_output\.bias", ("layers/o/bias",), _d),
             Rule(blk + r"ffn_up\.weight", ("layers/up/kernel",), lambda c: (c.intermediate_size, c.hidden_size), _transpose),
             Rule(blk + r"ffn_up\.bias", ("layers/up/bias",), lambda c: (c.intermediate_size,)),
             Rule(blk + r"ffn_down\.bias", ("layers/down/bias",), _d),
         ]
         return rules
-    rules.append(Rule(blk + r"attn_output\.weight", ("layers/o/kernel",), lambda c: (c.hidden_size, _q_rows(c)), _heads_out))
+    rules.append(Rule(blk + r"attn_output\.weight", ("layers/o/kernel",), lambda c: (c.hidden_size, _q_rows(c)), _transpose))
     if arch == "phi3":
         rules += [
             Rule(blk + r"attn_qkv\.weight", ("layers/q/kernel", "layers/k/kernel", "layers/v/kernel"),
@@ -312,8 +286,8 @@ def gguf_table(config: ModelConfig) -> list[Rule]:
         return rules
     permute = arch == "llama"  # llama.cpp permutes Q/K rows for the llama architecture only
     for name, heads, rows in (("q", _h, _q_rows), ("k", _kv, _kv_rows), ("v", _kv, _kv_rows)):
-        weight = _gguf_llama_qk(heads) if permute and name != "v" else _heads_in(heads)
-        bias = _gguf_llama_qk(heads, bias=True) if permute and name != "v" else _heads_bias(heads)
+        weight = _gguf_llama_qk(heads) if permute and name != "v" else _transpose
+        bias = _gguf_llama_qk(heads) if permute and name != "v" else _identity
         rules.append(Rule(blk + f"attn_{name}\\.weight", (f"layers/{name}/kernel",),
                           lambda c, rows=rows: (rows(c), c.hidden_size), weight))
         rules.append(Rule(blk + f"attn_{name}\\.bias", (f"layers/{name}/bias",), lambda c, rows=rows: (rows(c),), bias))

@@ -1,7 +1,9 @@
 """The params pytree: which arrays a model has and their shapes.
 
 Params are nested dicts of arrays. Per-layer weights are stacked with a leading layer axis under
-"layers" so the model can `jax.lax.scan` over them. Projections are stored ready for einsum:
+"layers" so the model can `jax.lax.scan` over them. Every kernel is a 2-D [in, out] matrix (heads
+are split on the activations, not the weights): then a layer's slice of a stacked kernel feeds the
+matmul directly, where a reshaped slice would make XLA on CPU copy each layer's weights per call.
 
     embed        [V, D]          token embeddings (also the output head when tied)
     pos_embed    [P, D]          learned positions (GPT-2)
@@ -10,9 +12,9 @@ Params are nested dicts of arrays. Per-layer weights are stacked with a leading 
     layers/
       attn_norm, mlp_norm, post_attn_norm, post_mlp_norm   {scale [L, D], bias [L, D]}
       q_norm, k_norm                                       {scale [L, hd]}
-      q {kernel [L, D, H, hd], bias [L, H, hd]}
-      k, v {kernel [L, D, K, hd], bias [L, K, hd]}
-      o {kernel [L, H, hd, D], bias [L, D]}
+      q {kernel [L, D, H * hd], bias [L, H * hd]}
+      k, v {kernel [L, D, K * hd], bias [L, K * hd]}
+      o {kernel [L, H * hd, D], bias [L, D]}
       gate, up {kernel [L, D, F], bias [L, F]}; down {kernel [L, F, D], bias [L, D]}
 """
 
@@ -55,10 +57,10 @@ def layer_shapes(config: ModelConfig) -> dict[str, dict[str, tuple[int, ...]]]:
     shapes: dict[str, dict[str, tuple[int, ...]]] = {
         "attn_norm": _norm_shapes(config, d),
         "mlp_norm": _norm_shapes(config, d),
-        "q": _dense((d, h, hd), (h, hd) if qkv_bias else None),
-        "k": _dense((d, k, hd), (k, hd) if qkv_bias else None),
-        "v": _dense((d, k, hd), (k, hd) if qkv_bias else None),
-        "o": _dense((h, hd, d), (d,) if config.out_bias else None),
+        "q": _dense((d, h * hd), (h * hd,) if qkv_bias else None),
+        "k": _dense((d, k * hd), (k * hd,) if qkv_bias else None),
+        "v": _dense((d, k * hd), (k * hd,) if qkv_bias else None),
+        "o": _dense((h * hd, d), (d,) if config.out_bias else None),
         "up": _dense((d, f), (f,) if config.mlp_bias else None),
         "down": _dense((f, d), (d,) if config.mlp_bias else None),
     }
@@ -102,9 +104,26 @@ def unflatten(flat: dict[str, Any]) -> Params:
 
 
 def flatten(params: Params) -> dict[str, Any]:
-    """Inverse of `unflatten`."""
+    """Inverse of `unflatten` (for stacked layers)."""
     leaves = jax.tree_util.tree_flatten_with_path(params)[0]
     return {SEP.join(str(key.key) for key in path): leaf for path, leaf in leaves}
+
+
+def unstack_layers(params: Params) -> Params:
+    """"layers" as a tuple of per-layer dicts (the model then unrolls its layer loop)."""
+    layers = params[LAYERS]
+    if isinstance(layers, tuple):
+        return params
+    count = jax.tree_util.tree_leaves(layers)[0].shape[0]
+    return {**params, LAYERS: tuple(jax.tree_util.tree_map(lambda a, i=i: a[i], layers) for i in range(count))}
+
+
+def stack_layers(params: Params) -> Params:
+    """Inverse of `unstack_layers`: per-layer leaves stacked on a leading layer axis."""
+    layers = params[LAYERS]
+    if not isinstance(layers, tuple):
+        return params
+    return {**params, LAYERS: jax.tree_util.tree_map(lambda *a: jnp.stack(a), *layers)}
 
 
 def cast(params: Params, dtype: Any) -> Params:

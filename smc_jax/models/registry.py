@@ -21,7 +21,7 @@ import jax.numpy as jnp
 
 from smc_jax.models.gguf_loader import load_gguf_checkpoint
 from smc_jax.models.lm import DEFAULT_PROMPT_CAPACITY, LanguageModel
-from smc_jax.models.params import to_device
+from smc_jax.models.params import cast, unflatten, unstack_layers
 from smc_jax.models.safetensors_loader import CONFIG_FILE, load_hf_checkpoint, read_hf_config
 from smc_jax.models.tokenizer import Tokenizer
 from smc_jax.models.weights_cache import Converted, cached_conversion
@@ -190,10 +190,13 @@ def load_model(
     dtype: Any = jnp.float32,
     *,
     prompt_capacity: int = DEFAULT_PROMPT_CAPACITY,
+    unroll_layers: bool = False,
 ) -> LanguageModel:
     """Load a model and its tokenizer; params in `dtype` (float32 or bfloat16; logits are float32).
 
-    GGUF conversions are cached on disk (see `weights_cache`; SMC_JAX_NO_CACHE=1 turns that off).
+    `prompt_capacity` bounds prompt lengths (padded to power-of-two buckets); `unroll_layers`
+    trades compile time for speed (see `LanguageModel.with_unrolled_layers`). GGUF conversions
+    are cached on disk (see `weights_cache`; SMC_JAX_NO_CACHE=1 turns that off).
     """
     kind, path = resolve(name_or_path)
     if kind == "gguf":
@@ -208,9 +211,12 @@ def load_model(
         if converted.hf_tokenizer is not None
         else None
     )
+    host = unflatten(converted.flat_params)
+    if unroll_layers:  # split on the host: no second copy of the weights on the device
+        host = unstack_layers(host)
     return LanguageModel(
         config=config,
-        params=to_device(converted.flat_params, dtype),
+        params=cast(host, dtype),
         tokenizer=tokenizer,
         name=name,
         source=str(path),

@@ -64,7 +64,7 @@ def weight_files(directory: Path) -> list[Path]:
     return files
 
 
-def _tensors(path: Path) -> Iterator[tuple[str, tuple[int, ...], object]]:
+def tensors_in_file(path: Path) -> Iterator[tuple[str, tuple[int, ...], object]]:
     """(name, shape, loader) for every tensor of one safetensors file, memory-mapped."""
     with path.open("rb") as f:
         (header_size,) = struct.unpack("<Q", f.read(HEADER_SIZE_BYTES))
@@ -92,6 +92,6 @@ def load_hf_checkpoint(directory: str | Path) -> tuple[ModelConfig, dict[str, np
 
     def all_tensors() -> TensorSource:
         for path in weight_files(directory):
-            yield from _tensors(path)
+            yield from tensors_in_file(path)
 
     return config, convert(all_tensors(), hf_table(config), config, source=str(directory))

@@ -12,6 +12,8 @@ Attention for query i at absolute position p_i over keys j at positions p_j:
 
 The layers are stacked and run with `jax.lax.scan`; per-layer RoPE frequencies, query scales and
 sliding/global flags are arrays scanned alongside the weights, so one layer body is compiled.
+Params whose "layers" entry is a tuple of per-layer dicts (`params.unstack_layers`) run the same
+body in an unrolled loop instead: longer compiles, faster steps on CPU (see `_decoder`).
 
 Three entry points share that body; they differ only in where the keys come from:
   * `forward`: a batch of sequences attends to itself (no cache).
@@ -188,16 +190,17 @@ def _decoder(
     def layer(x: Array, xs: tuple[Params, _LayerMeta, Any]) -> tuple[Array, tuple[Array, Array]]:
         lp, meta, kv = xs
         h = _norm(x, lp["attn_norm"], config)
-        q = _dense(h, lp["q"], "rtd,dhk->rthk")
-        k = _dense(h, lp["k"], "rtd,dhk->rthk")
-        v = _dense(h, lp["v"], "rtd,dhk->rthk")
+        heads = (*x.shape[:2], -1, config.head_dim)
+        q = _dense(h, lp["q"], "rtd,dn->rtn").reshape(heads)
+        k = _dense(h, lp["k"], "rtd,dn->rtn").reshape(heads)
+        v = _dense(h, lp["v"], "rtd,dn->rtn").reshape(heads)
         if config.qk_norm:
             q, k = _norm(q, lp["q_norm"], config), _norm(k, lp["k_norm"], config)
         if config.rope is not None:
             q, k = _rope(q, q_pos, meta.inv_freq), _rope(k, q_pos, meta.inv_freq)
         blocks = [*context(kv), Keys(k, v, q_pos, q_valid)]
         attn = _attend(q, q_pos, blocks, meta.scale, meta.sliding, config)
-        out = _dense(attn, lp["o"], "rthk,hkd->rtd")
+        out = _dense(attn.reshape(*x.shape[:2], -1), lp["o"], "rtn,nd->rtd")
         if config.post_norms:
             out = _norm(out, lp["post_attn_norm"], config)
         x = x + out
@@ -206,7 +209,17 @@ def _decoder(
             out = _norm(out, lp["post_mlp_norm"], config)
         return x + out, (k, v)
 
-    return jax.lax.scan(layer, x, (params["layers"], _layer_meta(config), context_kv))
+    layers, meta = params["layers"], _layer_meta(config)
+    if not isinstance(layers, tuple):
+        return jax.lax.scan(layer, x, (layers, meta, context_kv))
+    # Unstacked layers (`params.unstack_layers`): a Python loop, one compiled copy of the body per
+    # layer. Slower to compile, but each matmul reads its weights in place; inside a scan XLA on
+    # CPU first copies every layer's slice of the stacked weights (up to 2x faster decoding).
+    new_kv = []
+    for i, lp in enumerate(layers):
+        x, kv = layer(x, (lp, *jax.tree_util.tree_map(lambda a, i=i: a[i], (meta, context_kv))))
+        new_kv.append(kv)
+    return x, jax.tree_util.tree_map(lambda *a: jnp.stack(a), *new_kv)
 
 
 def _embed(
@@ -272,7 +285,11 @@ def extend(
     suffix_v: Float[Array, "layers rows suffix kv_heads head_dim"],
     suffix_len: Int[Array, " rows"],
     tokens: Int[Array, "rows new"],
-) -> tuple[Float[Array, "rows new vocab"], Float[Array, "layers rows new kv_heads head_dim"], Array]:
+) -> tuple[
+    Float[Array, "rows new vocab"],
+    Float[Array, "layers rows new kv_heads head_dim"],
+    Float[Array, "layers rows new kv_heads head_dim"],
+]:
     """Feed T new tokens to each of R rows that continue one shared prompt.
 
     Row r's new token t sits at absolute position prefix.length + suffix_len[r] + t and attends to
@@ -331,7 +348,11 @@ def decode(
     suffix_v: Float[Array, "layers rows suffix kv_heads head_dim"],
     suffix_len: Int[Array, " rows"],
     tokens: Int[Array, " rows"],
-) -> tuple[Float[Array, "rows vocab"], Float[Array, "layers rows kv_heads head_dim"], Array]:
+) -> tuple[
+    Float[Array, "rows vocab"],
+    Float[Array, "layers rows kv_heads head_dim"],
+    Float[Array, "layers rows kv_heads head_dim"],
+]:
     """`extend` with one new token per row: logits [R, V] and new k, v [layers, R, kv_heads, hd]."""
     logits, k, v = extend(params, config, prefix, suffix_k, suffix_v, suffix_len, tokens[:, None])
     return logits[:, 0], k[:, :, 0], v[:, :, 0]

@@ -15,8 +15,7 @@ import numpy as np
 import pytest
 import tiny_checkpoints as tc
 
-from smc_jax.models import KVCache, load_model
-from smc_jax.models import lm
+from smc_jax.models import KVCache, load_model, lm, transformer
 from smc_jax.models.lm import forward as jit_forward
 from smc_jax.models.params import to_device
 from smc_jax.models.safetensors_loader import load_hf_checkpoint
@@ -178,7 +177,8 @@ def test_bfloat16_params_give_float32_logits(tiny):
     full, reduced = model.forward(tokens), half.forward(tokens)
     assert reduced.dtype == jnp.float32
     assert np.abs(np.asarray(full - reduced)).max() < 0.05 * np.abs(np.asarray(full)).max()
-    assert np.isfinite(np.asarray(jax.nn.log_softmax(reduced))).all()
+    logprobs = transformer.log_softmax(reduced)
+    assert logprobs.dtype == jnp.float32 and np.isfinite(np.asarray(logprobs)).all()
     prefix, last = half.prefill(tokens[0].tolist())
     assert prefix.k.dtype == jnp.bfloat16 and last.dtype == jnp.float32
 
@@ -199,3 +199,23 @@ def test_decode_does_not_recompile(tiny, caplog):
         model.prefill([3, 4, 5, 6, 7])
     compiles = [r for r in caplog.records if "Compiling" in r.getMessage()]
     assert compiles == [], [r.getMessage() for r in compiles]
+
+
+@pytest.mark.parametrize("arch", ["gemma3", "gpt2"])
+def test_unrolled_layers_match_scan(arch, tiny):
+    """Per-layer (unstacked) weights run an unrolled loop; results equal the scanned model's."""
+    directory, _ = tiny(arch)
+    scanned = load_model(directory)
+    unrolled = scanned.with_unrolled_layers()
+    assert unrolled.unrolled_layers and not scanned.unrolled_layers
+    assert not unrolled.with_unrolled_layers(False).unrolled_layers
+    assert load_model(directory, unroll_layers=True).unrolled_layers
+    tokens = np.random.default_rng(7).integers(0, tc.VOCAB, size=(2, SEQ))
+    np.testing.assert_allclose(np.asarray(unrolled.forward(tokens)), np.asarray(scanned.forward(tokens)), atol=ATOL, rtol=0)
+    outputs = []
+    for model in (scanned, unrolled):
+        prefix, last = model.prefill(tokens[0, :6].tolist())
+        cache = model.new_cache(rows=2, capacity=3)
+        outputs.append((prefix.k, last, *model.decode(prefix, cache.k, cache.v, cache.length, jnp.asarray(tokens[:, 6]))))
+    for a, b in zip(*outputs):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=ATOL, rtol=0)
