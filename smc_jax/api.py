@@ -49,6 +49,8 @@ DEFAULT_BEAM_WIDTH = 5
 DEFAULT_PRUNE_THRESHOLD = 0.05
 #: Context-store growth factor when a run overflows its starting capacity.
 CAPACITY_GROWTH = 2
+#: Starting byte-level context capacity per particle and unit of beam width.
+CONTEXTS_PER_BEAM_SLOT = 3
 
 
 @dataclasses.dataclass(frozen=True)
@@ -230,10 +232,12 @@ class EnsembleSampler:
         m = self.num_particles
         if self.level == "byte":
             trie, allowed = byte_vocabulary(model)
-            c = self.beam_width * (1 + trie.max_duplicates)
-            # Starting capacities well below the worst case (beams share nearly everything);
-            # doubled on overflow.
-            num_contexts = min(1 + m * c + 2 * m * c * trie.max_duplicates, 1 + 3 * m * c) * scale
+            # Starting capacities far below the worst case (1 + M C (1 + 2 D) contexts): a
+            # particle's beam holds a few distinct contexts (continuing hypotheses share theirs)
+            # plus the few extensions that pass the threshold, and its paths share all but their
+            # last tokens. Each context holds a sum tree of the vocabulary (2 MB for Gemma 3), so
+            # this matters; a run that overflows is rerun with doubled capacities.
+            num_contexts = (1 + CONTEXTS_PER_BEAM_SLOT * m * self.beam_width) * scale
             num_entries = (2 * m * (max_tokens + 1) + num_contexts) * scale
             return ByteExperts(
                 model=paged,

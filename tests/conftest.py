@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import itertools
 
 import jax
@@ -11,6 +12,19 @@ import pytest
 from smc_jax.experts import NGramExpert, TableExpert
 
 ALPHABET = "abc"
+
+
+@pytest.fixture(autouse=True, scope="module")
+def release_compiled_programs():
+    """Frees the programs a test module compiled once it is done.
+
+    XLA:CPU maps memory for every compiled program and keeps it while the program is cached. The
+    kernel caps the mappings of a process (vm.max_map_count, 65530 by default) and the whole suite
+    compiles thousands of programs: without this, a full run ends in a segfault inside the compiler
+    once mmap starts failing."""
+    yield
+    jax.clear_caches()
+    gc.collect()
 
 
 def random_table(seed: int, alphabet: str = ALPHABET, max_len: int = 4, size: int = 14, bias: str = "") -> dict[str, float]:

@@ -19,6 +19,7 @@ pytestmark = [pytest.mark.real_model, pytest.mark.slow]
 PHYSICIST = "My favorite physicist is"
 AUTHOR = "My favorite author is"
 SIGNIFICANCE = 1e-3  # chi-square tests: reject only clear mismatches (fixed seeds: deterministic)
+MIN_EXPECTED = 5  # a symbol gets its own chi-square bin when expected at least this often
 
 
 @pytest.fixture(scope="module")
@@ -41,15 +42,14 @@ def first_symbol_counts(sampler: EnsembleSampler, seeds: int) -> np.ndarray:
 
 
 def chi_square_pvalue(observed_symbols: np.ndarray, probs: dict[int, float], top: int = 6) -> float:
-    """Goodness of fit of the first symbols to exact probabilities: the `top` likeliest symbols
-    and one bin for everything else."""
-    ranked = sorted(probs, key=probs.get, reverse=True)[:top]
-    expected = np.array([probs[s] for s in ranked] + [1 - sum(probs[s] for s in ranked)])
-    counts = np.array([(observed_symbols == s).sum() for s in ranked] + [(~np.isin(observed_symbols, ranked)).sum()])
-    keep = expected * len(observed_symbols) >= 5
-    observed, expected = counts[keep], expected[keep] * len(observed_symbols)
-    expected *= observed.sum() / expected.sum()
-    return float(stats.chisquare(observed, expected).pvalue)
+    """Goodness of fit of the first symbols to exact probabilities: one bin for each of the `top`
+    likeliest symbols expected at least MIN_EXPECTED times, one bin for everything else."""
+    n = len(observed_symbols)
+    ranked = [s for s in sorted(probs, key=probs.get, reverse=True)[:top] if probs[s] * n >= MIN_EXPECTED]
+    expected = np.array([probs[s] for s in ranked] + [max(0.0, 1 - sum(probs[s] for s in ranked))]) * n
+    observed = np.array([(observed_symbols == s).sum() for s in ranked] + [(~np.isin(observed_symbols, ranked)).sum()])
+    assert len(ranked) >= 1 and expected[-1] > 0, "too few samples for a chi-square test"
+    return float(stats.chisquare(observed, expected * observed.sum() / expected.sum()).pvalue)
 
 
 def test_token_level_single_expert_reproduces_the_model(smol):
@@ -67,9 +67,9 @@ def test_token_level_single_expert_reproduces_the_model(smol):
 @pytest.mark.parametrize("which", ["smol", "gemma"])
 def test_byte_level_single_expert_reproduces_the_model(which, request):
     model = request.getfixturevalue(which)
-    sampler = EnsembleSampler(experts=(Expert(model, PHYSICIST),), level="byte", num_particles=64, max_length=2,
+    sampler = EnsembleSampler(experts=(Expert(model, PHYSICIST),), level="byte", num_particles=32, max_length=2,
                               at_max_length="truncate")
-    firsts = first_symbol_counts(sampler, seeds=3)
+    firsts = first_symbol_counts(sampler, seeds=6)
     # Exact first-byte distribution from the next-token distribution: P(b) ∝ sum of p(t) over
     # byte tokens whose first byte is b (EOS ids: the end-of-string symbol), renormalized.
     _, logits = prefill_prompts(model, [PHYSICIST], 2)

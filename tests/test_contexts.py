@@ -35,9 +35,10 @@ def test_dedupe_groups_identical_requests():
 
 
 def test_bucket_sizes():
-    assert bucket_sizes(20) == (4, 8, 16, 20)
-    assert bucket_sizes(3) == (3,)
-    assert bucket_sizes(16) == (4, 8, 16)
+    assert bucket_sizes(300, typical=10) == (5, 10, 20, 300)
+    assert bucket_sizes(10, typical=10) == (5, 10)
+    assert bucket_sizes(3, typical=8) == (3,)
+    assert bucket_sizes(1, typical=1) == (1,)
 
 
 def run_random_walk(order: int, steps: int, seed: int):
@@ -53,7 +54,7 @@ def run_random_walk(order: int, steps: int, seed: int):
     ctx = jnp.full((k, r), PROMPT_CONTEXT, jnp.int32)
     tokens_of = [[[] for _ in range(r)] for _ in range(k)]
     rng = np.random.default_rng(seed)
-    step = jax.jit(lambda st, c, t, a: extend_group(st, lm, prefixes, c, t, a, c, summarize, bucket_sizes(r)))
+    step = jax.jit(lambda st, c, t, a: extend_group(st, lm, prefixes, c, t, a, c, summarize, bucket_sizes(r, typical=r)))
     calls = 0
     with count_compilations() as compiles:
         for it in range(steps):
@@ -97,7 +98,7 @@ def test_no_call_when_nothing_is_requested_and_no_recompilation():
     prefix, logits0 = lm.prefill([1])
     stores = jax.vmap(lambda l: init_store(lm, l, r * s, 2 * r, s))(logits0[None])
     ctx = jnp.zeros((1, r), jnp.int32)
-    step = jax.jit(lambda st, c, t, a: extend_group(st, lm, prefix[None], c, t, a, c, lambda x: x, bucket_sizes(r)))
+    step = jax.jit(lambda st, c, t, a: extend_group(st, lm, prefix[None], c, t, a, c, lambda x: x, bucket_sizes(r, typical=r)))
     same, new = step(stores, ctx, jnp.zeros((1, r), jnp.int32), jnp.zeros((1, r), bool))
     assert np.all(np.asarray(new) == NO_CONTEXT)
     np.testing.assert_array_equal(np.asarray(same.context_entry), np.asarray(stores.context_entry))

@@ -392,8 +392,10 @@ def test_jit_and_eager_agree(tables, shared_targets):
     jitted = global_step(params, ens, jax.random.key(2), tables, target_log_p, SMC8)
     with jax.disable_jit():
         eager = global_loss_and_grad(params, ens, jax.random.key(2), tables, target_log_p, SMC8)
+    # Fused (jit) and op-by-op f32 arithmetic round differently, by a few ulps that the SMC
+    # steps and the gradient sums compound; tolerances leave room for that across CPUs.
     for a, b in zip(jax.tree.leaves(jitted), jax.tree.leaves(eager)):
-        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-5)
 
 
 def test_same_key_same_result(tables, shared_targets):

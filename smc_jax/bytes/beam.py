@@ -56,6 +56,7 @@ class ByteSummary(struct.PyTreeNode):
 
     tree: SumTree  # log-space sum tree over the byte tokens in trie order
     eos: Float[Array, "..."]  # log p(EOS | context)
+    root_children: Float[Array, "... 256"]  # log m(child(root, b)): every fresh token's first byte
 
 
 def summarize_logits(
@@ -69,7 +70,9 @@ def summarize_logits(
     logits = jnp.where(allowed, logits.astype(jnp.float32) / temperature, -jnp.inf)
     logp = jax.nn.log_softmax(logits, axis=-1)
     eos = jax.nn.logsumexp(logp[..., jnp.asarray(eos_ids, jnp.int32)], axis=-1)
-    return ByteSummary(tree=build_sum_tree(trie.sort_logprobs(logp)), eos=eos)
+    tree = build_sum_tree(trie.sort_logprobs(logp))
+    root_children = jax.vmap(lambda row: next_byte_logmass(trie, tree, ROOT, row))(jnp.arange(logits.shape[0]))
+    return ByteSummary(tree=tree, eos=eos, root_children=root_children)
 
 
 class BeamState(NamedTuple):
@@ -182,24 +185,24 @@ def next_byte_logprobs(
     valid = beam.context != NO_CONTEXT
     rows = _row(beam.context, num_contexts)
 
-    def slot_terms(node, row, logp, at_root_eos):
-        children = next_byte_logmass(trie, table.tree, node, row)
-        eos = jnp.where(at_root_eos, table.eos[row], -jnp.inf)
+    def slot_terms(node, row, logp):
+        # Inside a token: its children (at most max_inner_children of them); at the root: the
+        # context's precomputed root children, and EOS (tokens ending at u go to extensions).
+        inner = next_byte_logmass(trie, table.tree, node, row, trie.max_inner_children)
+        at_root = node == ROOT
+        children = jnp.where(at_root, table.root_children[row], inner)
+        eos = jnp.where(at_root, table.eos[row], -jnp.inf)
         return logp + jnp.concatenate([children, eos[None]])
 
     per_slot = jax.vmap(jax.vmap(slot_terms))(
-        jnp.where(valid, beam.node, ROOT), rows, jnp.where(valid, beam.logp, -jnp.inf), beam.node == ROOT
-    )  # [M, C, 257]; a hypothesis inside a token: its ending tokens are left to the extensions
+        jnp.where(valid, beam.node, ROOT), rows, jnp.where(valid, beam.logp, -jnp.inf)
+    )  # [M, C, 257]
 
     ext = extensions(trie, table, beam)
     include = _next_byte_threshold_mask(beam, ext, config) & (beam.ext_context != NO_CONTEXT)
     ext_rows = _row(beam.ext_context, num_contexts)
-
-    def ext_terms(row, weight):
-        children = next_byte_logmass(trie, table.tree, jnp.asarray(ROOT, jnp.int32), row)
-        return weight + jnp.concatenate([children, table.eos[row][None]])
-
-    per_ext = jax.vmap(jax.vmap(jax.vmap(ext_terms)))(ext_rows, jnp.where(include, ext.weight, -jnp.inf))
+    ext_w = jnp.where(include, ext.weight, -jnp.inf)
+    per_ext = ext_w[..., None] + jnp.concatenate([table.root_children[ext_rows], table.eos[ext_rows][..., None]], axis=-1)
     m = beam.context.shape[0]
     terms = jnp.concatenate([per_slot, per_ext.reshape(m, -1, NUM_BYTE_SYMBOLS)], axis=1)
     unnormalized = _lse(terms, axis=1)  # [M, 257]

@@ -140,7 +140,7 @@ class ByteExperts:
         keep = jnp.moveaxis(beams.context, 1, 0).reshape(k, m * c)
         stores, created = extend_group(
             stores, self.model, self.prefixes, flat(parent), flat(token), flat(wanted), keep, self._summarize,
-            bucket_sizes(m * c * d, smallest=8),
+            bucket_sizes(m * c * d, typical=m),  # ~one fresh context per particle and step
         )
         created = jnp.moveaxis(created.reshape(k, m, c, d), 0, 1)
         ext_context = jnp.where(wanted, created, jnp.where(active[:, :, None, None], NO_CONTEXT, beams.ext_context))

@@ -85,6 +85,7 @@ class TokenTrie:
     num_nodes: int = struct.field(pytree_node=False)  # N
     max_depth: int = struct.field(pytree_node=False)  # longest byte string
     max_duplicates: int = struct.field(pytree_node=False)  # most tokens sharing a byte string
+    max_inner_children: int = struct.field(pytree_node=False)  # most children of a non-root node
 
     @property
     def root(self) -> int:
@@ -135,16 +136,21 @@ def node_logmass(
 
 
 def next_byte_logmass(
-    trie: TokenTrie, tree: SumTree, node: Int[ArrayLike, ""], row: Int[ArrayLike, ""] | None = None
+    trie: TokenTrie,
+    tree: SumTree,
+    node: Int[ArrayLike, ""],
+    row: Int[ArrayLike, ""] | None = None,
+    max_children: int = NUM_BYTES,
 ) -> Float[Array, "256"]:
     """log m(child(u, b)) for every byte b; -inf where the child does not exist.
 
-    The children of u form one block of nodes, so this is NUM_BYTES fixed-shape range queries
-    scattered to their byte labels (vmap over nodes). With the tokens ending at u,
+    The children of u form one block of nodes, so this is `max_children` fixed-shape range
+    queries scattered to their byte labels (vmap over nodes); `max_children` may be lowered to
+    `trie.max_inner_children` for nodes known not to be the root. With the tokens ending at u,
     logaddexp(logsumexp(next_byte_logmass(u)), log sum_{b(t) = u} p(t)) = log m(u).
     """
     node = jnp.asarray(node, dtype=jnp.int32)
-    slot = jnp.arange(NUM_BYTES, dtype=jnp.int32)
+    slot = jnp.arange(max_children, dtype=jnp.int32)
     exists = (slot < trie.node_num_children[node]) & (node != NO_NODE)
     kid = jnp.where(exists, trie.node_first_child[node] + slot, ROOT)
     masses = range_logmass(tree, trie.node_lo[kid], trie.node_hi[kid], None if row is None else jnp.broadcast_to(row, kid.shape))
@@ -287,4 +293,5 @@ def _build_arrays(byte_strings: Sequence[bytes | None]) -> dict:
         num_nodes=num_nodes,
         max_depth=max_depth,
         max_duplicates=int((end_hi - lo).max(initial=0)),
+        max_inner_children=int(num_children[1:].max(initial=0)),
     )

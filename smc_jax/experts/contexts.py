@@ -204,13 +204,12 @@ def extend_contexts(
     return store, jnp.where(ok, new_ctx, NO_CONTEXT)
 
 
-def bucket_sizes(max_requests: int, smallest: int = 4) -> tuple[int, ...]:
-    """Doubling batch sizes from `smallest` up to `max_requests` (always included)."""
-    sizes, size = [], min(smallest, max_requests)
-    while size < max_requests:
-        sizes.append(size)
-        size *= 2
-    return tuple(sizes) + (max_requests,)
+def bucket_sizes(max_requests: int, typical: int) -> tuple[int, ...]:
+    """Batch sizes of the model call: half, once and twice the `typical` number of unique
+    requests per step, and the worst case `max_requests`. Each size compiles its own copy of the
+    model step, so there are few; a step uses the smallest that holds its requests."""
+    sizes = {max(1, typical // 2), typical, 2 * typical}
+    return tuple(sorted({min(size, max_requests) for size in sizes} | {max_requests}))
 
 
 def extend_group(

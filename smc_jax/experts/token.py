@@ -95,7 +95,7 @@ class TokenExperts:
         tokens = jnp.broadcast_to(jnp.clip(symbols, 0, self.alphabet_size - 1), (k, m))
         valid = jnp.broadcast_to(active, (k, m))
         stores, new = extend_group(
-            state.stores, self.model, self.prefixes, parent, tokens, valid, parent, self._summarize, bucket_sizes(m)
+            state.stores, self.model, self.prefixes, parent, tokens, valid, parent, self._summarize, bucket_sizes(m, typical=m)
         )
         context = jnp.where(active[:, None], new.T, state.context)
         return TokenExpertState(context=context, stores=stores)
