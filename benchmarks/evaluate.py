@@ -40,8 +40,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's smc_jax and benchmarks
 
 from benchmarks.common import RESULTS, save  # noqa: E402
-from benchmarks.evaluation_cli import add_common_arguments, command_line, json_safe, load_models, settings_from  # noqa: E402
-from smc_jax.evaluation import METHODS, ModelRunner, RecordStore, load_instances, plan, run_jobs, select  # noqa: E402
+from benchmarks.evaluation_cli import add_common_arguments, command_line, LazyModelRunner, json_safe, settings_from  # noqa: E402
+from smc_jax.evaluation import METHODS, RecordStore, load_instances, plan, run_jobs, select  # noqa: E402
 from smc_jax.evaluation.report import table5_rows  # noqa: E402
 
 TASKS = ("json", "word_sorting", "sql")
@@ -65,8 +65,7 @@ def main() -> None:
     instances = {task: load_instances(task, args.limit, args.instance_seed, args.data_dir, args.max_words)
                  for task in args.tasks}
     jobs = plan(instances, args.methods, args.fs, args.particles)
-    model, cross = load_models(settings, args.methods)
-    new = run_jobs(jobs, args.seeds, store, ModelRunner(model, settings, cross), progress=not args.no_progress)
+    new = run_jobs(jobs, args.seeds, store, LazyModelRunner(settings, args.methods), progress=not args.no_progress)
     wall = time.perf_counter() - start
 
     ids = {task: {str(i.id) for i in xs} for task, xs in instances.items()}

@@ -71,6 +71,22 @@ def load_models(settings: Settings, methods: Sequence[str]):
     return model, cross
 
 
+class LazyModelRunner:
+    """make_runner that loads the models at the first job only: a rerun with nothing pending
+    (e.g. to redo the report) loads nothing."""
+
+    def __init__(self, settings: Settings, methods: Sequence[str]):
+        self.settings, self.methods, self._runner = settings, list(methods), None
+
+    def __call__(self, job):
+        if self._runner is None:
+            from smc_jax.evaluation import ModelRunner
+
+            model, cross = load_models(self.settings, self.methods)
+            self._runner = ModelRunner(model, self.settings, cross)
+        return self._runner(job)
+
+
 def json_safe(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """Rows with NaN/inf floats as None (strict JSON)."""
     return [{k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in row.items()} for row in rows]

@@ -41,8 +41,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's smc_jax and benchmarks
 
 from benchmarks.common import RESULTS, markdown_table, save  # noqa: E402
-from benchmarks.evaluation_cli import add_common_arguments, command_line, json_safe, load_models, settings_from  # noqa: E402
-from smc_jax.evaluation import ModelRunner, RecordStore, load_instances, plan, run_jobs, select  # noqa: E402
+from benchmarks.evaluation_cli import add_common_arguments, command_line, LazyModelRunner, json_safe, settings_from  # noqa: E402
+from smc_jax.evaluation import RecordStore, load_instances, plan, run_jobs, select  # noqa: E402
 from smc_jax.evaluation.report import (  # noqa: E402
     PERCENT, correlations, logz_by_particles, mixture_check, plot_logz_vs_particles, plot_zscores, seed_interval,
     smc_vs_is,
@@ -74,8 +74,7 @@ def main() -> None:
     jobs = (plan(instances, ["prompt1", "prompt2"], [], args.particles)
             + plan(instances, ["token"], args.fs, args.particles)
             + plan(instances, ["token_is"], is_fs, args.particles))
-    model, cross = load_models(settings, ["token"])
-    new = run_jobs(jobs, args.seeds, store, ModelRunner(model, settings, cross), progress=not args.no_progress)
+    new = run_jobs(jobs, args.seeds, store, LazyModelRunner(settings, ["token"]), progress=not args.no_progress)
     wall = time.perf_counter() - start
 
     ids = {str(i.id) for i in instances[args.task]}

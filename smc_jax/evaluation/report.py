@@ -219,6 +219,7 @@ def plot_zscores(records: Sequence[Record], fs: Sequence[str], path: Path, title
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, len(fs), figsize=(3.4 * len(fs), 3.2), squeeze=False, sharey=True)
+    scatter = None
     for ax, f in zip(axes[0], fs):
         points = zscored_points(records, f)
         if not points:
@@ -238,7 +239,7 @@ def plot_zscores(records: Sequence[Record], fs: Sequence[str], path: Path, title
         ax.set_xlabel(r"z-scored log $\hat Z$")
         ax.grid(alpha=0.3)
     axes[0][0].set_ylabel("z-scored expected accuracy")
-    if "scatter" in locals():
+    if scatter is not None:
         bar = fig.colorbar(scatter, ax=axes[0].tolist(), shrink=0.8)
         bar.set_label("log2 M")
     if title:
