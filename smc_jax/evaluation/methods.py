@@ -1,0 +1,143 @@
+"""The evaluated methods (paper Table 5 rows) and how each becomes an `EnsembleSampler`.
+
+Within-model methods use the main model under the task's two prompts; cross-model methods use
+two models under one prompt. Base prompts alone are K = 1 token-level SMC with M particles: with
+one expert the proposal is the model itself, so every weight stays 1 (uniform) and the expected
+accuracy is the fraction of the M samples that are correct -- except that with
+at_max_length="eos" a string cut at the limit is weighted by its EOS probability.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal
+
+from smc_jax.api import EnsembleSampler, Expert, Prompt
+from smc_jax.models.lm import LanguageModel
+from smc_jax.tasks.base import Chat
+
+Experts = Literal["prompt1", "prompt2", "both", "cross", "cross_a", "cross_b"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Method:
+    """One row family of Table 5: which experts, at which level, with which sampler."""
+
+    name: str
+    label: str
+    level: Literal["token", "byte", "local"]
+    experts: Experts
+    uses_f: bool
+    importance_sampling: bool = False  # ess_threshold = 0: never resample
+
+    @property
+    def cross_model(self) -> bool:
+        return self.experts.startswith("cross")
+
+
+METHODS: dict[str, Method] = {m.name: m for m in (
+    Method("prompt1", "Prompt 1", "token", "prompt1", uses_f=False),
+    Method("prompt2", "Prompt 2", "token", "prompt2", uses_f=False),
+    Method("local", "Token Local", "local", "both", uses_f=True),
+    Method("token", "Token SMC", "token", "both", uses_f=True),
+    Method("token_is", "Token IS", "token", "both", uses_f=True, importance_sampling=True),
+    Method("byte", "Byte SMC", "byte", "both", uses_f=True),
+    Method("cross_byte", "Cross-Model Byte SMC", "byte", "cross", uses_f=True),
+    Method("cross_a", "Cross prompt, model A", "token", "cross_a", uses_f=False),
+    Method("cross_b", "Cross prompt, model B", "token", "cross_b", uses_f=False),
+)}
+
+
+def get_method(name: str) -> Method:
+    if name not in METHODS:
+        raise ValueError(f"unknown method {name!r}; known methods: {', '.join(METHODS)}")
+    return METHODS[name]
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """Run-level settings, stored with every record (records under other settings never mix).
+
+    max_length is in tokens (token and local levels), max_bytes in bytes (byte level);
+    cross_prompt (1 or 2) is the prompt both models read in cross-model methods."""
+
+    model: str
+    cross_model: str | None = None
+    max_length: int = 32
+    max_bytes: int = 128
+    at_max_length: str = "truncate"
+    temperature: float = 1.0
+    ess_threshold: float = 0.9
+    resampler: str = "multinomial"
+    beam_width: int = 5
+    prune_threshold: float = 0.05
+    cross_prompt: int = 1
+    dtype: str = "float32"
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def chat_as_text(chat: Chat) -> str:
+    """A chat prompt as plain text, messages separated by blank lines (for base models)."""
+    return "\n\n".join(message["content"] for message in chat)
+
+
+def has_chat_template(model: LanguageModel) -> bool:
+    return model.tokenizer is not None and model.tokenizer.has_chat_template
+
+
+def cross_prompts(model_a: LanguageModel, model_b: LanguageModel, chat: Chat) -> tuple[Prompt, Prompt]:
+    """The one prompt both models read: the chat messages (each model's own template) when both
+    have a chat template, else the same plain text for both."""
+    if has_chat_template(model_a) and has_chat_template(model_b):
+        return chat, chat
+    text = chat_as_text(chat)
+    return text, text
+
+
+def experts_for(method: Method, prompts: tuple[Chat, Chat], model: LanguageModel,
+                cross_model: LanguageModel | None, cross_prompt: int) -> tuple[Expert, ...]:
+    """The experts of `method` for one instance's two prompts."""
+    chat_1, chat_2 = prompts
+    if method.experts == "prompt1":
+        return (Expert(model, chat_1),)
+    if method.experts == "prompt2":
+        return (Expert(model, chat_2),)
+    if method.experts == "both":
+        return Expert(model, chat_1), Expert(model, chat_2)
+    if cross_model is None:
+        raise ValueError(f"method {method.name!r} needs a second model: pass --cross-model")
+    if cross_prompt not in (1, 2):
+        raise ValueError(f"cross_prompt must be 1 or 2, got {cross_prompt}")
+    prompt_a, prompt_b = cross_prompts(model, cross_model, prompts[cross_prompt - 1])
+    pair = (Expert(model, prompt_a), Expert(cross_model, prompt_b))
+    return {"cross": pair, "cross_a": pair[:1], "cross_b": pair[1:]}[method.experts]
+
+
+def build_sampler(method: Method, f: str, num_particles: int, experts: Sequence[Expert],
+                  settings: Settings) -> EnsembleSampler:
+    """The sampler of one (instance, method, f, M): compiled on its first call, reused per seed."""
+    byte = method.level == "byte"
+    return EnsembleSampler(
+        experts=tuple(experts),
+        f=f if method.uses_f else "product",  # K = 1: every f gives the expert itself
+        level=method.level,
+        num_particles=num_particles,
+        ess_threshold=0.0 if method.importance_sampling else settings.ess_threshold,
+        resampler=settings.resampler,
+        max_length=settings.max_bytes if byte else settings.max_length,
+        temperature=settings.temperature,
+        beam_width=settings.beam_width,
+        prune_threshold=settings.prune_threshold,
+        at_max_length=settings.at_max_length,
+    )
+
+
+def method_label(method: Method, f: str, fs: Mapping[str, str] | None = None) -> str:
+    """The Table 5 row label: "Prompt 1", or "<f>, Token SMC"."""
+    if not method.uses_f:
+        return method.label
+    name = (fs or {}).get(f, f)
+    return f"{name}, {method.label}"

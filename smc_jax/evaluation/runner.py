@@ -1,0 +1,162 @@
+"""Runs methods x f x M x seeds over task instances, one record per finished run, resumably.
+
+Jobs are (task, instance, method, f, M); each job's sampler is built once and called per seed.
+Runs already in the record file are skipped (a job whose seeds are all done is never built), so
+an interrupted study continues where it stopped.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+from smc_jax.evaluation.methods import Settings, build_sampler, experts_for, get_method
+from smc_jax.evaluation.records import NO_F, Record, RecordKey, RecordStore
+from smc_jax.models.lm import LanguageModel
+from smc_jax.smc.result import SMCResult, ZeroWeightError
+from smc_jax.tasks import get_task
+from smc_jax.tasks.base import sample
+
+#: The f-ensembles of the paper (Sec. 6.1): min, product, mixture, max of the experts.
+PAPER_FS = ("min", "product", "mixture", "max")
+
+
+@dataclasses.dataclass(frozen=True)
+class Job:
+    """One sampler configuration: a task instance, a method, an f and a particle count."""
+
+    task: str
+    instance: Any
+    method: str
+    f: str
+    num_particles: int
+
+    def key(self, seed: int) -> RecordKey:
+        return (self.task, str(self.instance.id), self.method, self.f, self.num_particles, seed)
+
+
+def load_instances(task: str, limit: int | None, seed: int = 0, data_dir: str | Path | None = None,
+                   max_words: int | None = None) -> list[Any]:
+    """`limit` instances of `task` drawn with `seed` (all when None). For word sorting,
+    `max_words` first keeps only the lists of at most that many words."""
+    pool = get_task(task).instances(data_dir=data_dir)
+    if max_words is not None and task == "word_sorting":
+        pool = [instance for instance in pool if len(instance.input.split()) <= max_words]
+        if not pool:
+            raise ValueError(f"no word sorting instance has at most {max_words} words")
+    return sample(pool, None if limit is None else min(limit, len(pool)), seed)
+
+
+def plan(instances: Mapping[str, Sequence[Any]], methods: Sequence[str], fs: Sequence[str],
+         particles: Sequence[int]) -> list[Job]:
+    """Every (task, instance, method, f, M); methods with one expert get f = NO_F (once)."""
+    jobs = []
+    for task, task_instances in instances.items():
+        for instance in task_instances:
+            for name in methods:
+                method = get_method(name)
+                for f in (fs if method.uses_f else (NO_F,)):
+                    for m in particles:
+                        jobs.append(Job(task, instance, name, f, m))
+    return jobs
+
+
+SeedRunner = Callable[[int], Record]
+
+
+def run_jobs(jobs: Sequence[Job], seeds: Sequence[int], store: RecordStore,
+             make_runner: Callable[[Job], SeedRunner], progress: bool = True) -> int:
+    """Runs every (job, seed) not yet in `store`, appending each record as it finishes.
+    `make_runner(job)` builds the job's sampler once; returns the number of new runs."""
+    pending = [(job, [s for s in seeds if job.key(s) not in store]) for job in jobs]
+    pending = [(job, todo) for job, todo in pending if todo]
+    total = sum(len(todo) for _, todo in pending)
+    done = 0
+    with tqdm(total=total, desc="runs", disable=not progress, dynamic_ncols=True) as bar:
+        for job, todo in pending:
+            runner = make_runner(job)
+            for seed in todo:
+                bar.set_postfix_str(f"{job.task} {job.instance.id} {job.method} {job.f} M={job.num_particles} seed={seed}")
+                record = runner(seed)
+                if record.key != job.key(seed):
+                    raise RuntimeError(f"the runner returned record {record.key} for {job.key(seed)}")
+                store.append(record)
+                done += 1
+                bar.update()
+    return done
+
+
+def record_from_result(job: Job, seed: int, result: SMCResult | None, correct: Callable[[str], bool],
+                       settings: Settings, seconds: float = math.nan) -> Record:
+    """The record of one run; `result` None means every particle ended at zero weight (counted
+    as expected accuracy 0, no log Z-hat)."""
+    base = dict(task=job.task, instance=str(job.instance.id), method=job.method, f=job.f,
+                num_particles=job.num_particles, seed=seed, settings=settings.to_dict())
+    if result is None:
+        return Record(**base, expected_accuracy=0.0, log_Z=None, seconds=seconds, model_calls=None,
+                      steps=0, finished=0.0, zero_weight=True)
+    log_z = result.log_Z
+    zero = log_z is not None and not math.isfinite(log_z)
+    return Record(
+        **base,
+        expected_accuracy=result.expected_accuracy(correct),
+        log_Z=None if zero else log_z,
+        seconds=float(result.stats.get("seconds", seconds)),
+        model_calls=result.stats.get("model_calls"),
+        steps=result.num_steps,
+        finished=float(result.finished.mean()),
+        zero_weight=zero,
+    )
+
+
+@dataclasses.dataclass
+class ModelRunner:
+    """make_runner for real models: experts from the task's prompts, one sampler per job."""
+
+    model: LanguageModel
+    settings: Settings
+    cross_model: LanguageModel | None = None
+
+    def __call__(self, job: Job) -> SeedRunner:
+        task = get_task(job.task)
+        method = get_method(job.method)
+        experts = experts_for(method, task.prompts(job.instance), self.model, self.cross_model,
+                              self.settings.cross_prompt)
+        sampler = build_sampler(method, job.f, job.num_particles, experts, self.settings)
+
+        def correct(text: str) -> bool:
+            return task.is_correct(job.instance, text)
+
+        def run(seed: int) -> Record:
+            start = time.perf_counter()
+            try:
+                result = sampler(seed, allow_zero_weight=True)
+            except ZeroWeightError:  # the local baseline: every particle hit an inadmissible symbol
+                result = None
+            return record_from_result(job, seed, result, correct, self.settings, time.perf_counter() - start)
+
+        return run
+
+
+def select(records: Iterable[Record], **criteria: Any) -> list[Record]:
+    """Records whose fields equal every given value (a tuple/list/set value: any of them)."""
+    out = []
+    for record in records:
+        ok = True
+        for name, value in criteria.items():
+            field = getattr(record, name)
+            if isinstance(value, (tuple, list, set, frozenset)):
+                ok = field in value
+            else:
+                ok = field == value
+            if not ok:
+                break
+        if ok:
+            out.append(record)
+    return out
