@@ -27,7 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from smc_jax.bytes.beam import BeamConfig
-from smc_jax.bytes.expert import ByteExperts
+from smc_jax.bytes.expert import ByteExperts, ByteLogprob, byte_logprob
 from smc_jax.bytes.trie import TokenTrie
 from smc_jax.bytes.vocab import token_byte_strings
 from smc_jax.ensemble import Ensemble, make_ensemble
@@ -49,6 +49,8 @@ DEFAULT_BEAM_WIDTH = 5
 DEFAULT_PRUNE_THRESHOLD = 0.05
 #: Context-store growth factor when a run overflows its starting capacity.
 CAPACITY_GROWTH = 2
+#: Largest context-store scale tried before an overflow is reported.
+MAX_CAPACITY_SCALE = 64
 #: Starting byte-level context capacity per particle and unit of beam width.
 CONTEXTS_PER_BEAM_SLOT = 3
 
@@ -278,23 +280,62 @@ class EnsembleSampler:
         tok = self.experts[0].model.tokenizer
         return lambda symbols: tok.decode([int(s) for s in symbols])
 
-    def __call__(self, seed: int | jax.Array = 0, *, allow_zero_weight: bool = False) -> SMCResult:
-        key = jax.random.key(seed) if isinstance(seed, int) else seed
+    def _grow_on_overflow(self, run: Callable[[Any], Any]) -> Any:
+        """`run(experts)`, rebuilt with a bigger context store while it reports an overflow (the
+        store only holds what is alive, so a larger one changes no result)."""
         scale = self._capacity["scale"]
-        start = time.perf_counter()
         while True:
             try:
-                result = self._smc(key, self.build(scale), self._ensemble, decode=self._decode(),
-                                   allow_zero_weight=allow_zero_weight)
-                break
+                return run(self.build(scale))
             except RuntimeError as err:
-                if "overflowed" not in str(err) or scale >= 64:
+                if "overflowed" not in str(err) or scale >= MAX_CAPACITY_SCALE:
                     raise
-                scale *= CAPACITY_GROWTH  # a bigger store; same key, same result
+                scale *= CAPACITY_GROWTH
                 self._capacity["scale"] = scale
+
+    def __call__(self, seed: int | jax.Array = 0, *, allow_zero_weight: bool = False) -> SMCResult:
+        key = jax.random.key(seed) if isinstance(seed, int) else seed
+        start = time.perf_counter()
+        result = self._grow_on_overflow(
+            lambda experts: self._smc(key, experts, self._ensemble, decode=self._decode(),
+                                      allow_zero_weight=allow_zero_weight))
         inverse = np.argsort(self._order)
         stats = dict(result.stats, seconds=time.perf_counter() - start, level=self.level)
         return dataclasses.replace(result, expert_logprobs=result.expert_logprobs[:, inverse], stats=stats)
+
+    def logprob(self, continuation: str | bytes) -> ByteLogprob:
+        """Natural-log probabilities of `continuation` (UTF-8 when a str) after the prompt of the
+        sampler's single byte-level expert: as a prefix, as a complete string (then EOS), per
+        byte, and the next-byte distribution after it (see `ByteLogprob`)."""
+        if self.level != "byte" or len(self.experts) != 1:
+            raise ValueError("logprob scores under one byte-level expert: EnsembleSampler(experts=(one,), level='byte')")
+        data = continuation.encode() if isinstance(continuation, str) else bytes(continuation)
+        if len(data) > self.max_length:
+            raise ValueError(f"the continuation has {len(data)} bytes, more than max_length={self.max_length}; raise max_length")
+        return self._grow_on_overflow(lambda experts: byte_logprob(experts, data))
+
+
+def logprob(
+    model: LanguageModel,
+    continuation: str | bytes,
+    prompt: Prompt = "",
+    *,
+    beam_width: int = DEFAULT_BEAM_WIDTH,
+    prune_threshold: float = DEFAULT_PRUNE_THRESHOLD,
+    temperature: float = 1.0,
+    prompt_as_bytes: bool = False,
+) -> ByteLogprob:
+    """log P(continuation | prompt) under `model` read as a byte-level LM (natural log).
+
+    `.prefix` is exact (the sum over all tokenizations) when the beam never prunes
+    (prune_threshold=0 and a beam wider than the tokenizations alive), a lower bound otherwise;
+    `.complete` adds the end of string. For many strings under one prompt, build an
+    `EnsembleSampler` once and call its `logprob` (compiled once)."""
+    data = continuation.encode() if isinstance(continuation, str) else bytes(continuation)
+    sampler = EnsembleSampler(experts=(Expert(model, prompt),), level="byte", num_particles=1,
+                              max_length=max(len(data), 1), temperature=temperature, beam_width=beam_width,
+                              prune_threshold=prune_threshold, prompt_as_bytes=prompt_as_bytes)
+    return sampler.logprob(data)
 
 
 def sample(
