@@ -14,9 +14,12 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
+from pathlib import Path
 import time
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's smc_jax and benchmarks
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402

@@ -17,10 +17,11 @@ M. Reports, from those runs:
 
 Runs are appended to the JSONL file --out and skipped when already there (resumable).
 
-CPU, embedded model (the committed results, about 25 minutes on 2 cores):
+CPU, embedded model (the committed results, about 25 minutes on 2 cores; see the README's
+Evaluation section for the exact command and shared record file):
 
-    python benchmarks/particle_study.py --task word_sorting --max-words 3 --limit 5 \\
-        --particles 2 4 8 16 --seeds 0 1 2 --max-length 24 --temperature 0.5
+    python benchmarks/particle_study.py --task word_sorting --max-words 3 --limit 4 \\
+        --particles 2 4 8 16 --seeds 0 1 2 --max-length 20 --temperature 0.5 --is-fs min product
 
 GPU, a paper model from a local checkpoint (M up to 75 as in the paper's study):
 
