@@ -13,7 +13,7 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
-from smc_jax.api import EnsembleSampler, Expert, Prompt
+from smc_jax.api import DEFAULT_BEAM_WIDTH, DEFAULT_PRUNE_THRESHOLD, EnsembleSampler, Expert, Prompt
 from smc_jax.models.lm import LanguageModel
 from smc_jax.tasks.base import Chat
 
@@ -70,8 +70,8 @@ class Settings:
     temperature: float = 1.0
     ess_threshold: float = 0.9
     resampler: str = "multinomial"
-    beam_width: int = 5
-    prune_threshold: float = 0.05
+    beam_width: int = DEFAULT_BEAM_WIDTH
+    prune_threshold: float = DEFAULT_PRUNE_THRESHOLD
     cross_prompt: int = 1
     dtype: str = "float32"
 
