@@ -84,7 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _short(text: str, width: int = TEXT_WIDTH) -> str:
-    text = repr(text)[1:-1]
+    text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)  # newlines etc. escaped, quotes kept
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
@@ -194,7 +194,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"{model.name:24s} aliases: {', '.join(model.aliases) or '-'}")
         print("also: a local Hugging Face directory, a .gguf file, or a hub id (when the hub is reachable)")
         return 0
-    return run_sample(args)
+    try:
+        return run_sample(args)
+    except (ValueError, ImportError, FileNotFoundError, RuntimeError) as err:
+        # Bad input (unknown model, prompt too long, bad f or weights, every particle at zero
+        # weight, ...): the library's message says what to do; no stack trace.
+        print(f"smc-jax: error: {err}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -1,0 +1,46 @@
+"""The command line on the embedded models: a short token-level run, JSON output, clear errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from smc_jax.cli import _short, main
+
+
+def test_models_lists_the_embedded_models(capsys):
+    assert main(["models"]) == 0
+    out = capsys.readouterr().out
+    assert "smollm2-135m-instruct" in out and "gemma3-270m" in out
+
+
+def test_short_text_escapes_control_characters_only():
+    assert _short('it\'s "x"\n\né') == 'it\'s "x"\\n\\né'
+    assert _short("a" * 100, width=10) == "a" * 9 + "…"
+
+
+@pytest.mark.slow
+@pytest.mark.real_model
+def test_token_level_run_prints_weighted_particles(capsys):
+    argv = ["sample", "-e", "smollm2-135m-instruct", "My favorite physicist is",
+            "-e", "smollm2-135m-instruct", "My favorite author is",
+            "--level", "token", "-M", "4", "--max-length", "3", "--json", "--seed", "1"]
+    assert main(argv) == 0
+    out = json.loads(capsys.readouterr().out)
+    weights = [p["weight"] for p in out["particles"]]
+    assert len(weights) == 4 and abs(sum(weights) - 1) < 1e-5
+    assert out["log_Z"] is not None and out["log_Z"] < 0
+    assert main(argv) == 0
+    assert json.loads(capsys.readouterr().out)["particles"] == out["particles"]  # same seed, same result
+
+
+@pytest.mark.slow
+@pytest.mark.real_model
+def test_bad_input_gives_a_message_not_a_trace(capsys):
+    assert main(["sample", "-e", "no-such-model", "hi", "--level", "token"]) == 2
+    last_line = capsys.readouterr().err.strip().splitlines()[-1]  # after the progress bar
+    assert last_line.startswith("smc-jax: error:") and "no-such-model" in last_line
+    assert main(["sample", "-e", "smollm2-135m-instruct", "hi", "--weights", "-1", "--level", "token"]) == 2
+    last_line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last_line.startswith("smc-jax: error:") and "weight" in last_line
