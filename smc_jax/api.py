@@ -255,7 +255,7 @@ class EnsembleSampler:
                 num_contexts=num_contexts,
                 prompt_bytes=prompt_bytes,
                 prompt_lengths=prompt_lengths,
-            )
+            ).with_start_state(m)  # the prompt is read once per build, not once per seed
         return TokenExperts(
             model=paged,
             prefixes=prefixes,

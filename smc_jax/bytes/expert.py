@@ -74,6 +74,9 @@ class ByteExperts:
     # with their lengths) are read through the beam at init, summing over their tokenizations.
     prompt_bytes: Int[Array, "K P"] | None = None
     prompt_lengths: Int[Array, "K"] | None = None
+    # The state of M particles after the prompt, computed once by `with_start_state` (its model
+    # calls are the prompt's, like a prefill): runs then start from it without calling the model.
+    start: ByteExpertState | None = None
 
     @property
     def num_experts(self) -> int:
@@ -100,7 +103,23 @@ class ByteExperts:
         num_contexts = self.num_contexts or worst_contexts
         return (self.num_entries or num_contexts * self.max_tokens), num_contexts
 
+    def with_start_state(self, num_particles: int) -> ByteExperts:
+        """These experts with the start state of `num_particles` particles precomputed (the
+        prompt read through the beams, the first extensions and next-byte distributions), its
+        call counters reset so that a run's statistics count the run's own calls."""
+        start = _initial_state(self.replace(start=None), num_particles)
+        zero = jnp.zeros_like(start.stores.calls)
+        stores = start.stores.replace(calls=zero, rows=zero, requests=zero)
+        return self.replace(start=start._replace(stores=stores))
+
     def init(self, num_particles: int) -> ByteExpertState:
+        if self.start is not None:
+            if self.start.beams.log_mass.shape[0] != num_particles:
+                raise ValueError(
+                    f"the start state is for {self.start.beams.log_mass.shape[0]} particles, not {num_particles}; "
+                    "call with_start_state(num_particles) again"
+                )
+            return self.start
         m, c, d = num_particles, self.num_slots, self.trie.max_duplicates
         num_entries, num_contexts = self.capacity(num_particles)
         stores = jax.vmap(lambda s: init_store(self.model, s, num_entries, num_contexts, self.max_tokens))(
@@ -184,9 +203,9 @@ class ByteExperts:
         return store_failure(state.stores)
 
 
-@jax.jit
-def _init_one(experts: ByteExperts) -> ByteExpertState:
-    return experts.init(1)
+@jax.jit(static_argnums=1)
+def _initial_state(experts: ByteExperts, num_particles: int) -> ByteExpertState:
+    return experts.init(num_particles)
 
 
 @jax.jit
@@ -234,7 +253,11 @@ def byte_logprob(experts: ByteExperts, data: bytes) -> ByteLogprob:
     n = len(data)
     padded = np.zeros(_bucket_length(n), np.int32)
     padded[:n] = np.frombuffer(data, np.uint8)
-    start = _init_one(experts)
+    if experts.start is not None and experts.start.beams.log_mass.shape[0] == 1:
+        start = experts.start
+    else:
+        experts = experts.replace(start=None)
+        start = _initial_state(experts, 1)
     final, cond = _read_bytes(experts, start, jnp.asarray(padded), jnp.asarray(n, jnp.int32))
     problem = experts.failure(final)
     if problem is not None:

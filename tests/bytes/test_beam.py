@@ -187,3 +187,32 @@ def test_prompt_read_as_bytes_sums_over_its_tokenizations():
             got = byte_logprob(one, x)
             np.testing.assert_allclose(got.prefix, exact.prefix(y + x) - exact.prefix(y), atol=2e-5)
             np.testing.assert_allclose(got.complete, exact.complete(y + x) - exact.prefix(y), atol=2e-5)
+
+
+def test_precomputed_start_state_changes_nothing_but_the_calls():
+    """`with_start_state`: a run from the precomputed prompt state is the run that reads the
+    prompt itself (same key, same particles and weights), and counts only its own model calls."""
+    from smc_jax.ensemble import make_ensemble
+    from smc_jax.experts.contexts import context_stats
+    from smc_jax.smc import SMC
+    from smc_jax.smc.engine import run_jitted
+
+    lm, experts = make(prompts=((1,), (2, 0)), width=4, threshold=0.05, seed=3)
+    bos_history, bos_logits = lm.prefill([])
+    experts = experts.replace(  # prompts read as bytes: the start state costs model calls
+        prefixes=jnp.stack([bos_history] * 2), prompt_logits=jnp.stack([bos_logits] * 2),
+        prompt_bytes=jnp.asarray([[ord("a"), ord("b"), ord("a")], [ord("b"), ord("a"), 0]], jnp.int32),
+        prompt_lengths=jnp.asarray([3, 2], jnp.int32),
+    )
+    smc, ens = SMC(num_particles=4, max_length=4), make_ensemble("product", 2)
+    cached = experts.with_start_state(4)
+    assert context_stats(cached.start.stores)["model_calls"] == 0
+    key = jax.random.key(7)
+    plain, fast = run_jitted(smc, key, experts, ens), run_jitted(smc, key, cached, ens)
+    np.testing.assert_array_equal(plain.symbols, fast.symbols)
+    np.testing.assert_allclose(plain.log_weights, fast.log_weights, rtol=1e-6)
+    calls = lambda stores: context_stats(stores)["model_calls"]
+    prompt_calls = calls(jax.jit(lambda e: e.init(4))(experts).stores)
+    assert prompt_calls > 0 and calls(fast.expert_state.stores) == calls(plain.expert_state.stores) - prompt_calls
+    with pytest.raises(ValueError, match="with_start_state"):
+        cached.init(3)
