@@ -39,7 +39,7 @@ from smc_jax.models.cache import CacheCapacityError
 from smc_jax.models.lm import LanguageModel, prompt_bucket
 from smc_jax.models.paged import PagedTransformer
 from smc_jax.models import transformer
-from smc_jax.sharding import ParamRules, check_mesh, resolve_rules, sample_sharded
+from smc_jax.sharding import ParamRules, check_mesh, resolve_rules, sample_sharded, shard_experts
 from smc_jax.smc.engine import SMC
 from smc_jax.smc.result import SMCResult
 
@@ -283,8 +283,9 @@ class EnsembleSampler:
         prefilled once per capacity scale and reused across seeds)."""
         if scale not in self._built:
             groups = [self._group(model, idx, scale) for model, idx in self._groups]
+            built = groups[0] if len(groups) == 1 else ExpertStack(groups=tuple(groups))
             self._built.clear()
-            self._built[scale] = groups[0] if len(groups) == 1 else ExpertStack(groups=tuple(groups))
+            self._built[scale] = built if self.mesh is None else shard_experts(built, self.mesh, self.sharding_rules)
         return self._built[scale]
 
     def _decode(self) -> Callable[[np.ndarray], str]:

@@ -13,18 +13,21 @@ What is sharded:
   context table that all particles share): replicated over "particles". The store's model call
   deduplicates requests across all particles, so every device gathers the [K, M] requests and
   keeps a full copy of the store (see the README, "Several devices");
-* expert parameters (model weights, prompt caches, tries, tables): replicated, except the model
-  weights and KV-pool leaves that a rule table splits on "model" (attention heads, MLP units).
+* expert parameters (model weights, prompt caches, tries, tables): replicated;
+* on "model", what a rule table splits (`TENSOR_PARALLEL`): transformer weights by attention
+  heads and MLP units, and the KV pool by KV heads.
 
-Resampling gathers ancestors across shards inside the resampling branch of `SMC.step`; XLA's
-SPMD partitioner inserts the collectives (tests/sharding_checks.py reports which).
+Resampling gathers ancestors across shards inside the resampling branch of `SMC.step`: XLA's
+SPMD partitioner all-gathers each particle-major array there and every device takes its own
+ancestors; steps that do not resample move no particle state (tests/sharding_checks.py checks
+this on the compiled program and lists its collectives).
 """
 
 from __future__ import annotations
 
 import functools
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -226,6 +229,12 @@ def experts_specs(experts: ExpertGroup, mesh: Mesh, rules: str | ParamRules = "r
     return jax.tree.map(node_spec, experts, is_leaf=lambda x: isinstance(x, PagedTransformer))
 
 
+def shard_experts(experts: ExpertGroup, mesh: Mesh, rules: str | ParamRules = "replicated") -> ExpertGroup:
+    """The expert group placed on the mesh (`experts_specs`). Runs use a placed group as is and
+    copy an unplaced one to the devices every time: place a group you reuse once, with this."""
+    return jax.device_put(experts, _named(mesh, experts_specs(experts, mesh, rules)))
+
+
 def _named(mesh: Mesh, specs: PyTree) -> PyTree:
     return jax.tree.map(lambda spec: NamedSharding(mesh, spec), specs, is_leaf=lambda x: isinstance(x, P))
 
@@ -253,8 +262,13 @@ def _sharded_runner(smc: SMC, mesh: Mesh, rules: ParamRules, key: tuple, experts
 
 
 def sharded_runner(
-    smc: SMC, key: PRNGKeyArray, experts: ExpertGroup, ensemble: Ensemble, mesh: Mesh, rules: str | ParamRules = "replicated"
-):
+    smc: SMC,
+    key: PRNGKeyArray,
+    experts: ExpertGroup,
+    ensemble: Ensemble,
+    mesh: Mesh,
+    rules: str | ParamRules = "replicated",
+) -> tuple[Callable[[PRNGKeyArray, ExpertGroup, Ensemble], SMCState], tuple]:
     """(jitted run, input shardings) for these arguments: the compiled program can be inspected
     with `jitted.lower(*args).compile().as_text()`."""
     check_mesh(mesh, smc.num_particles)
@@ -270,8 +284,9 @@ def run_sharded(
     rules: str | ParamRules = "replicated",
 ) -> SMCState:
     """`SMC.run` with the particles split over the mesh's "particles" axis (M must be a multiple
-    of its size) and model weights laid out by `rules`. Returns the final state as sharded
-    device arrays; for the same key it equals the unsharded run (up to float summation order)."""
+    of its size) and model weights laid out by `rules` (a group placed by `shard_experts` is
+    not copied again). Returns the final state as sharded device arrays; for the same key it
+    equals the unsharded run (up to the summation order of cross-device sums)."""
     experts = stack_experts(experts)
     jitted, shardings = sharded_runner(smc, key, experts, ensemble, mesh, rules)
     return jitted(*jax.device_put((key, experts, ensemble), shardings))
@@ -285,15 +300,16 @@ def sample_sharded(
     mesh: Mesh,
     rules: str | ParamRules = "replicated",
     *,
-    decode=None,
+    decode: Callable | None = None,
     allow_zero_weight: bool = False,
 ) -> SMCResult:
-    """`run_sharded`, then host-side results like `SMC.__call__` (one host: on several, gather the
-    state with `jax.experimental.multihost_utils.process_allgather` and call `smc.result`)."""
+    """`run_sharded`, then host-side results like `SMC.__call__`. Reads every array on this host,
+    so the mesh must belong to one process (over several hosts, call `run_sharded` and gather
+    what you need with `jax.experimental.multihost_utils.process_allgather`)."""
     if mesh.is_multi_process:
         raise ValueError(
-            "sample_sharded reads results on this host, but the mesh spans several processes: use "
-            "run_sharded, gather the state with multihost_utils.process_allgather(state, tiled=True), then smc.result"
+            "sample_sharded reads results on this host, but the mesh spans several processes: call "
+            "run_sharded and gather what you need with multihost_utils.process_allgather(..., tiled=True)"
         )
     experts = stack_experts(experts)
     if ensemble.num_experts != experts.num_experts:

@@ -36,8 +36,8 @@ from smc_jax.experts.token import TokenExperts  # noqa: E402
 from smc_jax.models import transformer  # noqa: E402
 from smc_jax.models.config import ModelConfig  # noqa: E402
 from smc_jax.models.paged import PagedTransformer  # noqa: E402
-from smc_jax.models.params import param_shapes, unflatten  # noqa: E402
-from smc_jax.sharding import make_mesh, run_sharded, sharded_runner  # noqa: E402
+from smc_jax.models.params import random_params  # noqa: E402
+from smc_jax.sharding import make_mesh, run_sharded, shard_experts, sharded_runner  # noqa: E402
 from smc_jax.smc import SMC, SMCState  # noqa: E402
 from smc_jax.smc.engine import run_jitted  # noqa: E402
 
@@ -51,13 +51,7 @@ def tiny_transformer(vocab_size: int, seed: int = 0) -> PagedTransformer:
         architecture="llama", vocab_size=vocab_size, hidden_size=16, intermediate_size=32, num_layers=2,
         num_heads=4, num_kv_heads=2, head_dim=4, max_positions=64,
     )
-    shapes = param_shapes(config)
-    keys = jax.random.split(jax.random.key(seed), len(shapes))
-    flat = {
-        path: jnp.ones(shape) if path.endswith("scale") else 0.3 * jax.random.normal(k, shape)
-        for k, (path, shape) in zip(keys, shapes.items())
-    }
-    return PagedTransformer(params=unflatten(flat), config=config)
+    return PagedTransformer(params=random_params(config, jax.random.key(seed)), config=config)
 
 
 def prefill(model: PagedTransformer, prompts: list[list[int]]):
@@ -188,10 +182,13 @@ def check(name: str, smc: SMC, experts, ensemble, mesh, seed: int = 0, min_resam
     assert_same_run(single, sharded)
     assert_split(sharded, mesh)
     check_collectives(name, smc, key, experts, ensemble, mesh, sharded)
-    # A second key reuses the compiled program.
+    # A second key, with the experts placed once (as EnsembleSampler does), reuses the program.
     jitted, _ = sharded_runner(smc, key, experts, ensemble, mesh)
+    placed = shard_experts(experts, mesh)
+    assert all(x.sharding.is_fully_replicated and len(x.sharding.device_set) == NUM_DEVICES
+               for x in jax.tree.leaves(placed))
     assert_same_run(run_jitted(smc, jax.random.key(seed + 1), experts, ensemble),
-                    run_sharded(smc, jax.random.key(seed + 1), experts, ensemble, mesh))
+                    run_sharded(smc, jax.random.key(seed + 1), placed, ensemble, mesh))
     assert jitted._cache_size() == 1, "the sharded run compiled more than once"
     lengths = np.asarray(jax.device_get(single.lengths))
     print(f"{name}: M={smc.num_particles}, {int(single.step)} steps, {resamples} resampling steps, "

@@ -166,3 +166,19 @@ def test_eight_devices_toy_and_token_experts_match_one_device():
 def test_eight_devices_byte_experts_match_one_device():
     """Byte experts over a tiny random transformer (about a minute: two byte-level programs)."""
     assert "passed" in run_checks("bytes")
+
+
+@pytest.mark.real_model
+@pytest.mark.slow
+def test_ensemble_sampler_with_a_mesh_gives_the_same_result():
+    from smc_jax.api import EnsembleSampler, Expert
+    from smc_jax.models import load_model
+
+    smol = load_model("smollm2-135m-instruct")
+    common = dict(experts=(Expert(smol, "My favorite physicist is"), Expert(smol, "My favorite author is")),
+                  level="token", num_particles=4, max_length=4, ess_threshold=1.0)
+    want = EnsembleSampler(**common)(0)
+    got = EnsembleSampler(**common, mesh=make_mesh())(0)
+    assert got.texts == want.texts
+    np.testing.assert_allclose(got.log_weights, want.log_weights, rtol=1e-5)
+    np.testing.assert_allclose(got.expert_logprobs, want.expert_logprobs, rtol=1e-5)
