@@ -164,7 +164,7 @@ def check_collectives(name: str, smc: SMC, key, experts, ensemble, mesh, state: 
                  if op == "all-gather" and not resampling and dims(shape) in particle_major]
     assert not offending, f"{name}: particle state all-gathered outside the resampling branch: {offending}"
     assert any(resampling for _, _, resampling in found), f"{name}: no collective in the resampling branch?"
-    summary = Counter((op, shape.split("{")[0], "resampling branch" if r else "every step") for op, shape, r in found)
+    summary = Counter((op, shape.split("{")[0], "resampling branch" if r else "outside it") for op, shape, r in found)
     print(f"  collectives of the compiled {name} run (count x op, result shape, where):")
     for (op, shape, where), count in sorted(summary.items(), key=lambda kv: (kv[0][2], kv[0][0], kv[0][1])):
         print(f"    {count:3d} x {op:18s} {shape:20s} {where}")
