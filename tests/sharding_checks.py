@@ -118,16 +118,24 @@ def assert_split(state: SMCState, mesh) -> None:
 # ------------------------------------------------------------------ the compiled program
 
 _COLLECTIVE = re.compile(
-    r"= (\(?[a-z0-9]+\[[0-9,]*\][^ ]*) (all-gather|all-reduce|all-to-all|collective-permute|reduce-scatter)(?:-start)?\(.*"
-    r'op_name="([^"]*)"'
+    r"= (\([^)]*\)|\S+) (all-gather|all-reduce|all-to-all|collective-permute|reduce-scatter)(?:-start)?\("
 )
+_OP_NAME = re.compile(r'op_name="([^"]*)"')
+_ARRAY = re.compile(r"[a-z]+[0-9]*\[[0-9,]*\]")
 
 
-def collectives(hlo: str) -> list[tuple[str, str, bool]]:
-    """(op, result shape, in the resampling branch) for every collective of an optimized HLO
-    module. SPMD collectives carry the metadata of the op they partition, and SMC.step names its
-    resampling branch's ancestor gathers with jax.named_scope("resample")."""
-    return [(m.group(2), m.group(1), "/resample/" in m.group(3)) for m in map(_COLLECTIVE.search, hlo.splitlines()) if m]
+def collectives(hlo: str) -> list[tuple[str, tuple[str, ...], bool]]:
+    """(op, result array shapes, in the resampling branch) for every collective of an optimized
+    HLO module (a combined collective has a tuple of results). SPMD collectives carry the metadata
+    of the op they partition, and SMC.step names its resampling branch jax.named_scope("resample")."""
+    found = []
+    for line in hlo.splitlines():
+        match = _COLLECTIVE.search(line)
+        if match:
+            name = _OP_NAME.search(line)
+            resampling = bool(name) and "/resample/" in name.group(1)
+            found.append((match.group(2), tuple(_ARRAY.findall(match.group(1))), resampling))
+    return found
 
 
 def check_collectives(name: str, smc: SMC, key, experts, ensemble, mesh, state: SMCState) -> None:
@@ -160,11 +168,11 @@ def check_collectives(name: str, smc: SMC, key, experts, ensemble, mesh, state: 
         inner = shape[shape.index("[") + 1 : shape.index("]")]
         return tuple(int(d) for d in inner.split(",") if d)
 
-    offending = [(op, shape) for op, shape, resampling in found
-                 if op == "all-gather" and not resampling and dims(shape) in particle_major]
+    offending = [(op, shapes) for op, shapes, resampling in found
+                 if op == "all-gather" and not resampling and any(dims(s) in particle_major for s in shapes)]
     assert not offending, f"{name}: particle state all-gathered outside the resampling branch: {offending}"
     assert any(resampling for _, _, resampling in found), f"{name}: no collective in the resampling branch?"
-    summary = Counter((op, shape.split("{")[0], "resampling branch" if r else "outside it") for op, shape, r in found)
+    summary = Counter((op, ", ".join(shapes), "resampling branch" if r else "outside it") for op, shapes, r in found)
     print(f"  collectives of the compiled {name} run (count x op, result shape, where):")
     for (op, shape, where), count in sorted(summary.items(), key=lambda kv: (kv[0][2], kv[0][0], kv[0][1])):
         print(f"    {count:3d} x {op:18s} {shape:20s} {where}")
