@@ -20,11 +20,13 @@ import math
 import time
 import weakref
 from collections.abc import Callable, Mapping, Sequence
+from functools import partial
 from typing import Any, Literal
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import Mesh
 
 from smc_jax.bytes.beam import BeamConfig
 from smc_jax.bytes.expert import ByteExperts, ByteLogprob, byte_logprob
@@ -37,6 +39,7 @@ from smc_jax.models.cache import CacheCapacityError
 from smc_jax.models.lm import LanguageModel, prompt_bucket
 from smc_jax.models.paged import PagedTransformer
 from smc_jax.models import transformer
+from smc_jax.sharding import ParamRules, check_mesh, resolve_rules, sample_sharded, shard_experts
 from smc_jax.smc.engine import SMC
 from smc_jax.smc.result import SMCResult
 
@@ -144,6 +147,11 @@ class EnsembleSampler:
 
     See `sample` for the arguments. `sampler(seed)` returns an `SMCResult` whose texts are
     decoded strings and whose `expert_logprobs[:, k]` follow the order of `experts`.
+
+    mesh: a device mesh from `smc_jax.sharding.make_mesh` to split the particles over (M must be
+    a multiple of its "particles" size); sharding_rules: how model weights use its "model" axis
+    ("replicated", "tensor_parallel" or a rule table; see `smc_jax.sharding`). Same seed, same
+    result with or without a mesh.
     """
 
     experts: tuple[Expert, ...]
@@ -160,9 +168,14 @@ class EnsembleSampler:
     at_max_length: str = "eos"
     progress: bool = False
     prompt_as_bytes: bool = False
+    mesh: Mesh | None = None
+    sharding_rules: str | ParamRules = "replicated"
 
     def __post_init__(self):
         object.__setattr__(self, "experts", tuple(as_experts(self.experts)))
+        object.__setattr__(self, "sharding_rules", resolve_rules(self.sharding_rules))
+        if self.mesh is not None:
+            check_mesh(self.mesh, self.num_particles)
         if self.level not in LEVELS:
             raise ValueError(f"unknown level {self.level!r}; use one of {LEVELS}")
         if not self.temperature > 0:
@@ -270,8 +283,9 @@ class EnsembleSampler:
         prefilled once per capacity scale and reused across seeds)."""
         if scale not in self._built:
             groups = [self._group(model, idx, scale) for model, idx in self._groups]
+            built = groups[0] if len(groups) == 1 else ExpertStack(groups=tuple(groups))
             self._built.clear()
-            self._built[scale] = groups[0] if len(groups) == 1 else ExpertStack(groups=tuple(groups))
+            self._built[scale] = built if self.mesh is None else shard_experts(built, self.mesh, self.sharding_rules)
         return self._built[scale]
 
     def _decode(self) -> Callable[[np.ndarray], str]:
@@ -296,9 +310,9 @@ class EnsembleSampler:
     def __call__(self, seed: int | jax.Array = 0, *, allow_zero_weight: bool = False) -> SMCResult:
         key = jax.random.key(seed) if isinstance(seed, int) else seed
         start = time.perf_counter()
+        run = self._smc if self.mesh is None else partial(sample_sharded, self._smc, mesh=self.mesh, rules=self.sharding_rules)
         result = self._grow_on_overflow(
-            lambda experts: self._smc(key, experts, self._ensemble, decode=self._decode(),
-                                      allow_zero_weight=allow_zero_weight))
+            lambda experts: run(key, experts, self._ensemble, decode=self._decode(), allow_zero_weight=allow_zero_weight))
         inverse = np.argsort(self._order)
         stats = dict(result.stats, seconds=time.perf_counter() - start, level=self.level)
         return dataclasses.replace(result, expert_logprobs=result.expert_logprobs[:, inverse], stats=stats)
@@ -355,6 +369,8 @@ def sample(
     at_max_length: str = "eos",
     prompt_as_bytes: bool = False,
     allow_zero_weight: bool = False,
+    mesh: Mesh | None = None,
+    sharding_rules: str | ParamRules = "replicated",
 ) -> SMCResult:
     """Samples from the global f-ensemble of the experts with SMC (or the local baseline).
 
@@ -363,7 +379,8 @@ def sample(
     default); level: "token", "byte" or "local"; max_length: in tokens (token levels) or bytes;
     beam_width / prune_threshold: the byte-level beam; prompt_as_bytes: read raw-text prompts
     through the byte beam from BOS (GenLM's convention) instead of tokenizing them canonically;
-    seed: an int or a PRNG key (same seed, same result).
+    seed: an int or a PRNG key (same seed, same result); mesh / sharding_rules: split the
+    particles (and optionally the model weights) over several devices (see `EnsembleSampler`).
     """
     sampler = EnsembleSampler(
         experts=tuple(as_experts(experts)),
@@ -379,5 +396,7 @@ def sample(
         prune_threshold=prune_threshold,
         at_max_length=at_max_length,
         prompt_as_bytes=prompt_as_bytes,
+        mesh=mesh,
+        sharding_rules=sharding_rules,
     )
     return sampler(seed, allow_zero_weight=allow_zero_weight)

@@ -126,6 +126,17 @@ def stack_layers(params: Params) -> Params:
     return {**params, LAYERS: jax.tree_util.tree_map(lambda *a: jnp.stack(a), *layers)}
 
 
+def random_params(config: ModelConfig, key: jax.Array, scale: float = 0.3, dtype: Any = jnp.float32) -> Params:
+    """Random weights for `config` (normal * scale; norm scales 1): tiny models for tests and
+    benchmarks."""
+    shapes = param_shapes(config)
+    keys = jax.random.split(key, len(shapes))
+    return unflatten({
+        path: jnp.ones(shape, dtype) if path.endswith("scale") else (scale * jax.random.normal(k, shape)).astype(dtype)
+        for k, (path, shape) in zip(keys, shapes.items())
+    })
+
+
 def cast(params: Params, dtype: Any) -> Params:
     """All floating leaves to `dtype` (e.g. jnp.bfloat16 for half the memory)."""
     return jax.tree_util.tree_map(lambda x: jnp.asarray(x, dtype), params)

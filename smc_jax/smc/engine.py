@@ -154,8 +154,9 @@ class SMC:
             log_weights = jnp.where(dead, -jnp.inf, state.log_weights)
         sym_logp = jnp.take_along_axis(logp, symbols[:, None, None], axis=2)[..., 0]  # [M, K]
         log_prefix = jnp.where((extend | took_eos)[:, None], state.log_prefix + sym_logp, state.log_prefix)
-        write_at = jnp.where(extend, state.lengths, self.max_length)  # out of range: dropped
-        new_symbols = state.symbols.at[jnp.arange(m), write_at].set(symbols, mode="drop")
+        # Elementwise (a scatter at [m, lengths[m]] would make a sharded run gather its indices).
+        write = extend[:, None] & (jnp.arange(self.max_length)[None, :] == state.lengths[:, None])
+        new_symbols = jnp.where(write, symbols[:, None], state.symbols)
         lengths = state.lengths + extend.astype(jnp.int32)
         done = state.done | took_eos | dead
         finished_eos = state.eos | took_eos
@@ -170,6 +171,7 @@ class SMC:
             weights = jnp.exp(log_weights - jnp.where(jnp.isfinite(total), total, 0.0))
             ancestors = jnp.where(resampled, get_resampler(self.resampler)(key_resample, weights, m), ancestors)
 
+            @jax.named_scope("resample")  # names the ancestor gathers (and their collectives) in HLO
             def gather(carry):
                 sym_, len_, done_, eos_, pre_, exp_ = carry
                 take = lambda x: jnp.take(x, ancestors, axis=0)
@@ -208,14 +210,24 @@ class SMC:
             trace=trace,
         )
 
-    def run(self, key: PRNGKeyArray, experts: ExpertGroup, ensemble: Ensemble) -> SMCState:
-        """Steps until every particle is finished (or the length limit), in a lax.while_loop."""
-        state = self.init(key, experts, ensemble)
+    def run(
+        self,
+        key: PRNGKeyArray,
+        experts: ExpertGroup,
+        ensemble: Ensemble,
+        constrain: Callable[[SMCState], SMCState] | None = None,
+    ) -> SMCState:
+        """Steps until every particle is finished (or the length limit), in a lax.while_loop.
+
+        `constrain`, when given, is applied to the state after init and after every step (the
+        sharded run pins each array's sharding with it; see `smc_jax.sharding`)."""
+        constrain = constrain or (lambda s: s)
+        state = constrain(self.init(key, experts, ensemble))
 
         def cond(s: SMCState):
             return (s.step < self.num_steps) & jnp.any(~s.done)
 
-        state = jax.lax.while_loop(cond, lambda s: self.step(s, experts, ensemble), state)
+        state = jax.lax.while_loop(cond, lambda s: constrain(self.step(s, experts, ensemble)), state)
         # Particles still extending when the limit is reached (truncate mode) stop unfinished.
         return state._replace(done=jnp.ones_like(state.done))
 
@@ -242,6 +254,17 @@ class SMC:
                 f"the ensemble is for {ensemble.num_experts} experts, but {experts.num_experts} were given"
             )
         state = (run_jitted if jit else _run)(self, key, experts, ensemble)
+        return self.result(state, experts, decode=decode, allow_zero_weight=allow_zero_weight)
+
+    def result(
+        self,
+        state: SMCState,
+        experts: ExpertGroup,
+        *,
+        decode: Callable | None = None,
+        allow_zero_weight: bool = False,
+    ) -> SMCResult:
+        """Host-side results of a finished run's state (see `__call__` for the errors raised)."""
         problem = expert_failure(experts, state.expert_state)
         if problem is not None:
             raise RuntimeError(problem)
