@@ -27,8 +27,13 @@ Pruning follows genlm-bytes' ByteBeamState, so the two agree at equal settings:
 * reading a byte b: prune S (keep hypotheses above `threshold` times the beam's total, then
   the K heaviest), advance them by b, and add the extensions of the pruned beam that stay above
   `threshold` times the total of the advanced hypotheses and those extensions.
-Every extension either rule may need is materialized in the same step, so a step costs one
-batched model call. Shapes: M particles, C = K (1 + D) slots, D = the trie's max duplicates.
+Extensions are materialized when needed, batched over particles and slots (one model call): the
+next-byte distribution needs those above its threshold; reading byte b needs those the shift by
+b keeps. A call made for the former also takes every extension the next shift could keep,
+whatever the byte (`ExtensionRequests.shift`), so that shift makes no call of its own; when no
+beam needs a call for its distribution, nothing is called and the shift fetches only what byte b
+keeps (`shift_requests`, usually nothing). Shapes: M particles, C = K (1 + D) slots, D = the
+trie's max duplicates.
 """
 
 from __future__ import annotations
@@ -164,14 +169,58 @@ def _shift_prefilter_mask(beam: BeamState, ext: Extensions, config: BeamConfig) 
     return (w - total[:, None, None] > config.log_threshold) & jnp.isfinite(w)
 
 
-def extension_requests(
-    trie: TokenTrie, table: ByteSummary, beam: BeamState, config: BeamConfig
-) -> tuple[Int[Array, "M C D"], Int[Array, "M C D"], Bool[Array, "M C D"]]:
-    """(parent context, token, wanted) of every extension to materialize now."""
+class ExtensionRequests(NamedTuple):
+    """The extensions of a beam that are not materialized yet, as (parent context, token) pairs."""
+
+    parent: Int[Array, "M C D"]
+    token: Int[Array, "M C D"]
+    next_byte: Bool[Array, "M C D"]  # needed by the next-byte distribution
+    shift: Bool[Array, "M C D"]  # possibly kept by the next shift (for some byte)
+
+
+def extension_requests(trie: TokenTrie, table: ByteSummary, beam: BeamState, config: BeamConfig) -> ExtensionRequests:
     ext = extensions(trie, table, beam)
-    wanted = _next_byte_threshold_mask(beam, ext, config) | _shift_prefilter_mask(beam, ext, config)
+    missing = beam.ext_context == NO_CONTEXT
     parent = jnp.broadcast_to(beam.context[..., None], ext.token.shape)
-    return parent, ext.token, wanted
+    return ExtensionRequests(
+        parent=parent,
+        token=ext.token,
+        next_byte=_next_byte_threshold_mask(beam, ext, config) & missing,
+        shift=_shift_prefilter_mask(beam, ext, config) & missing,
+    )
+
+
+class _Advance(NamedTuple):
+    """Reading a byte, before any model call: the advanced hypotheses and the kept extensions."""
+
+    moved: Int[Array, "M C"]  # child(u, b), NO_NODE where none
+    weight: Float[Array, "M C"]  # log p(c) + log m_c(child)
+    ext: Extensions
+    ext_weight: Float[Array, "M C D"]  # extension weights of the pruned beam
+    keep_ext: Bool[Array, "M C D"]  # extensions the shift keeps (materialized or not)
+
+
+def _advance(trie: TokenTrie, table: ByteSummary, beam: BeamState, byte: Int[Array, "M"], config: BeamConfig) -> _Advance:
+    m, c, _ = beam.ext_context.shape
+    kept = prune_mask(beam.weight, config)
+    rows = _row(beam.context, table.eos.shape[0])
+    moved = child(trie, jnp.where(kept, beam.node, NO_NODE), jnp.broadcast_to(byte[:, None], (m, c)))
+    weight = jnp.where(moved != NO_NODE, beam.logp + node_logmass(trie, table.tree, moved, rows), -jnp.inf)
+    ext = extensions(trie, table, beam)
+    ext_w = jnp.where(kept[..., None], ext.weight, -jnp.inf)
+    total = jnp.logaddexp(_lse(weight, axis=-1), _lse(ext_w.reshape(m, -1), axis=-1))
+    keep_ext = (ext_w - total[:, None, None] > config.log_threshold) & jnp.isfinite(ext_w)
+    return _Advance(moved, weight, ext, ext_w, keep_ext)
+
+
+def shift_requests(
+    trie: TokenTrie, table: ByteSummary, beam: BeamState, byte: Int[Array, "M"], config: BeamConfig
+) -> tuple[Int[Array, "M C D"], Int[Array, "M C D"], Bool[Array, "M C D"]]:
+    """(parent context, token, wanted): the extensions the shift by `byte` keeps that are not
+    materialized yet."""
+    adv = _advance(trie, table, beam, byte, config)
+    parent = jnp.broadcast_to(beam.context[..., None], adv.ext.token.shape)
+    return parent, adv.ext.token, adv.keep_ext & (beam.ext_context == NO_CONTEXT)
 
 
 def next_byte_logprobs(
@@ -215,24 +264,13 @@ def shift(
     trie: TokenTrie, table: ByteSummary, beam: BeamState, byte: Int[Array, "M"], config: BeamConfig
 ) -> BeamState:
     """Reads one byte per particle: prune, advance the kept hypotheses, add the kept extensions
-    (already materialized in beam.ext_context) advanced by the byte. Extensions of the new beam
-    and its next-byte distribution are left for the caller (they need a model call)."""
+    advanced by the byte (they must be materialized in beam.ext_context: see `shift_requests`).
+    Extensions of the new beam and its next-byte distribution are left for the caller."""
     num_contexts = table.eos.shape[0]
     m, c, d = beam.ext_context.shape
-    kept = prune_mask(beam.weight, config)
-    byte_c = jnp.broadcast_to(byte[:, None], (m, c))
-
-    # Advanced hypotheses: (c, child(u, b)), weight log p(c) + log m_c(child).
-    rows = _row(beam.context, num_contexts)
-    moved = child(trie, jnp.where(kept, beam.node, NO_NODE), byte_c)
-    adv_weight = jnp.where(moved != NO_NODE, beam.logp + node_logmass(trie, table.tree, moved, rows), -jnp.inf)
-
-    # Extensions of the pruned beam, kept relative to the advanced total plus their own.
-    ext = extensions(trie, table, beam)
-    ext_w = jnp.where(kept[..., None], ext.weight, -jnp.inf)
-    total = jnp.logaddexp(_lse(adv_weight, axis=-1), _lse(ext_w.reshape(m, -1), axis=-1))
-    keep_ext = (ext_w - total[:, None, None] > config.log_threshold) & jnp.isfinite(ext_w)
-    keep_ext = keep_ext & (beam.ext_context != NO_CONTEXT)
+    adv = _advance(trie, table, beam, byte, config)
+    moved, adv_weight, ext_w = adv.moved, adv.weight, adv.ext_weight
+    keep_ext = adv.keep_ext & (beam.ext_context != NO_CONTEXT)
     ext_rows = _row(beam.ext_context, num_contexts)
     ext_node = child(trie, jnp.where(keep_ext, ROOT, NO_NODE), jnp.broadcast_to(byte[:, None, None], (m, c, d)))
     ext_adv = jnp.where(ext_node != NO_NODE, ext_w + node_logmass(trie, table.tree, ext_node, ext_rows), -jnp.inf)

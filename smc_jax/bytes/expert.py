@@ -2,9 +2,12 @@
 
 The alphabet is the 256 byte values and EOS is symbol 256 (`EOS_BYTE`), so experts with
 different tokenizers share it and can be ensembled exactly. Each particle keeps, per expert, a
-beam over tokenizations (`beam.py`); a step reads the sampled byte in every beam and then makes
-one model call for the token contexts the new beams need, deduplicated across particles and
-slots and batched over the K prompts (`experts.contexts`).
+beam over tokenizations (`beam.py`). A step reads the sampled byte in every beam, then
+materializes the extensions the new next-byte distributions need (and, in the same call, those
+the next byte's shift could keep); a shift whose extensions were not fetched that way fetches
+them first. Each is one model call for the token contexts requested, deduplicated across
+particles and slots and batched over the K prompts (`experts.contexts`), and none is made when
+no beam of any particle requests anything.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from smc_jax.bytes.beam import (
     initial_beam,
     next_byte_logprobs,
     shift,
+    shift_requests,
     summarize_logits,
 )
 from smc_jax.bytes.trie import TokenTrie
@@ -145,25 +149,32 @@ class ByteExperts:
         beams = jax.tree.map(lambda x: jnp.broadcast_to(x, (m,) + x.shape[1:]), one.beams)
         return ByteExpertState(beams, one.stores)
 
-    def _refresh(self, state: ByteExpertState, active: Bool[Array, "M K"]) -> ByteExpertState:
-        """Materializes the extensions the new beams need (one model call for all K experts),
-        then computes their next-byte distributions."""
+    def _materialize(
+        self, state: ByteExpertState, parent: Int[Array, "M K C D"], token: Int[Array, "M K C D"], wanted: Bool[Array, "M K C D"]
+    ) -> ByteExpertState:
+        """Creates the wanted extension contexts (parent + token) with one model call for all
+        particles, slots and K experts (none if nothing is wanted); records them in ext_context."""
         beams, stores = state
-        m, k = active.shape
-        c, d = self.num_slots, self.trie.max_duplicates
-        parent, token, wanted = jax.vmap(
-            lambda table, beam: extension_requests(self.trie, table, beam, self.beam), in_axes=(0, 1), out_axes=1
-        )(stores.summary, beams)  # [M, K, C, D]
-        wanted = wanted & active[:, :, None, None]
+        m, k, c, d = wanted.shape
         flat = lambda x: jnp.moveaxis(x, 1, 0).reshape(k, m * c * d)
-        keep = jnp.moveaxis(beams.context, 1, 0).reshape(k, m * c)
+        keep = jnp.concatenate([jnp.moveaxis(beams.context, 1, 0).reshape(k, m * c), flat(beams.ext_context)], axis=1)
         stores, created = extend_group(
             stores, self.model, self.prefixes, flat(parent), flat(token), flat(wanted), keep, self._summarize,
             bucket_sizes(m * c * d, typical=m),  # ~one fresh context per particle and step
         )
         created = jnp.moveaxis(created.reshape(k, m, c, d), 0, 1)
-        ext_context = jnp.where(wanted, created, jnp.where(active[:, :, None, None], NO_CONTEXT, beams.ext_context))
-        beams = beams._replace(ext_context=ext_context)
+        return ByteExpertState(beams._replace(ext_context=jnp.where(wanted, created, beams.ext_context)), stores)
+
+    def _refresh(self, state: ByteExpertState, active: Bool[Array, "M K"]) -> ByteExpertState:
+        """Materializes the extensions the beams' next-byte distributions need (if any beam
+        needs one, the call also takes those the next shift could keep), then computes the
+        distributions."""
+        reqs = jax.vmap(
+            lambda table, beam: extension_requests(self.trie, table, beam, self.beam), in_axes=(0, 1), out_axes=1
+        )(state.stores.summary, state.beams)  # [M, K, C, D]
+        needed = reqs.next_byte & active[:, :, None, None]
+        wanted = needed | (reqs.shift & active[:, :, None, None] & jnp.any(needed))
+        beams, stores = self._materialize(state, reqs.parent, reqs.token, wanted)
         next_logp, log_mass = jax.vmap(
             lambda table, beam: next_byte_logprobs(self.trie, table, beam, self.beam), in_axes=(0, 1), out_axes=1
         )(stores.summary, beams)
@@ -183,6 +194,10 @@ class ByteExperts:
 
     def _advance(self, state: ByteExpertState, byte: Int[Array, "M K"], active: Bool[Array, "M K"]) -> ByteExpertState:
         """Reads byte[m, k] into expert k's beam of particle m where active[m, k]."""
+        parent, token, wanted = jax.vmap(
+            lambda table, beam, b: shift_requests(self.trie, table, beam, b, self.beam), in_axes=(0, 1, 1), out_axes=1
+        )(state.stores.summary, state.beams, byte)
+        state = self._materialize(state, parent, token, wanted & active[:, :, None, None])
         shifted = jax.vmap(
             lambda table, beam, b: shift(self.trie, table, beam, b, self.beam), in_axes=(0, 1, 1), out_axes=1
         )(state.stores.summary, state.beams, byte)
