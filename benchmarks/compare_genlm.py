@@ -25,6 +25,9 @@ Conventions, so that both sides do the same work:
 * Target: GenLM's `Product` is p1 * p2 (its weights add the potentials' log-weights); smc_jax's
   f="product" is the geometric mean sqrt(p1 p2) (paper, tau = 0), so smc_jax runs with a
   `CustomEnsemble` for p1 * p2: both sides sample the same target.
+* Zero weight: under the product a run can end with every particle at weight 0; smc_jax runs with
+  allow_zero_weight=True (it raises by default), GenLM returns such runs as they are; they are
+  timed like the others and counted (zero_weight_runs).
 * Length: GenLM's `max_tokens` (40) counts the end-of-sequence unit: a particle samples at most
   39 symbols and GenLM then forces EOS with its weight correction. smc_jax gets
   max_length = max_tokens - 1 with at_max_length="eos", which does exactly that.
@@ -58,6 +61,7 @@ import argparse
 import asyncio
 import dataclasses
 import functools
+import math
 import os
 import statistics
 import sys
@@ -263,11 +267,11 @@ def smc_jax_text(model: LanguageModel, settings: Settings) -> dict[str, Any]:
 
 def smc_jax_sampler(sampler: EnsembleSampler, settings: Settings) -> dict[str, Any]:
     """(b) smc_jax: median wall time, calls, floor and compilations of runs with seeds 0, 1, ..."""
-    sampler(WARMUP_SEED)
+    sampler(WARMUP_SEED, allow_zero_weight=True)
     times, calls, steps, results = [], [], [], []
     with count_compilations() as compiled:
         for seed in range(settings.runs):
-            result = sampler(seed)
+            result = sampler(seed, allow_zero_weight=True)  # a run may end at zero weight, as GenLM's may
             times.append(result.stats["seconds"])
             calls.append(result.stats["model_calls"])
             steps.append(result.stats["steps"])
@@ -281,7 +285,8 @@ def smc_jax_sampler(sampler: EnsembleSampler, settings: Settings) -> dict[str, A
     return {"seconds": statistics.median(times), "times": times, "calls": statistics.median(calls),
             "prompt_calls": prompt_calls, "steps": statistics.median(steps), "floor": statistics.median(floors),
             "wall_over_floor": statistics.median(t / f for t, f in zip(times, floors)), "costs": costs,
-            "recompiles": compiled.count, "sample": repr(median_run.posterior()[0][0])[:50]}
+            "recompiles": compiled.count, "zero_weight_runs": sum(r.log_Z == -math.inf for r in results),
+            "sample": repr(median_run.posterior()[0][0])[:50] if median_run.log_Z > -math.inf else "(zero weight)"}
 
 
 # -------------------------------------------------------------------------------------- GenLM
@@ -395,7 +400,7 @@ def genlm_smc(genlm: GenLM, potentials: Callable[[], list[Any]], settings: Setti
         start = time.perf_counter()
         await product.logw_next([])  # reads the prompts (ByteLLM keeps the beam after its prompt)
         prompt_s, prompt_calls = time.perf_counter() - start, len(genlm.forward_calls())
-        times, calls, steps = [], [], []
+        times, calls, steps, zero_weight = [], [], [], 0
         for seed in [WARMUP_SEED, *range(settings.runs)]:
             genlm.reset(seed)
             for p in (p1, p2):
@@ -407,10 +412,11 @@ def genlm_smc(genlm: GenLM, potentials: Callable[[], list[Any]], settings: Setti
                 times.append(time.perf_counter() - start)
                 calls.append(genlm.forward_calls())
                 steps.append(max(len(context) for context in sequences.contexts))
+                zero_weight += sequences.log_ml == -math.inf
         for p in (p1, p2):
             await p.cleanup()
         return {"prompt_s": prompt_s, "prompt_calls": prompt_calls, "steps": statistics.median(steps),
-                **summarize_genlm(times, calls)}
+                "zero_weight_runs": zero_weight, **summarize_genlm(times, calls)}
 
     return asyncio.run(runs())
 
@@ -513,12 +519,13 @@ def workload(name: str, models: Callable[[str], LanguageModel], genlm: GenLM | N
             prompt_as_bytes=level == "byte")
         ours = smc_jax_sampler(sampler, settings)
         row.update({"smc_jax_wall/floor": ours["wall_over_floor"], "smc_jax_sample": ours["sample"],
-                    "smc_jax_steps": ours["steps"], "smc_jax_prompt_calls": ours["prompt_calls"]})
+                    "smc_jax_steps": ours["steps"], "smc_jax_prompt_calls": ours["prompt_calls"],
+                    "smc_jax_zero_weight_runs": ours["zero_weight_runs"]})
         if genlm is not None:
             make = byte_potentials(genlm, experts, settings) if level == "byte" else token_potentials(genlm, experts)
             genlm_side = genlm_smc(genlm, make, settings)
             row.update({"genlm_prompt_s": genlm_side["prompt_s"], "genlm_prompt_calls": genlm_side["prompt_calls"],
-                        "genlm_steps": genlm_side["steps"]})
+                        "genlm_steps": genlm_side["steps"], "genlm_zero_weight_runs": genlm_side["zero_weight_runs"]})
     row.update({
         "smc_jax_s": ours["seconds"], "smc_jax_calls": ours["calls"], "smc_jax_floor_s": ours["floor"],
         "smc_jax_other_s": ours["seconds"] - ours["floor"], "recompiles": ours["recompiles"],
@@ -587,9 +594,9 @@ def main() -> None:
             ["workload", "max_logp_diff", "where", "max_logp_diff_without_<", "where_without_<", "max_tv"]),
         "## Profile of smc_jax (c): model forward (floor) vs everything else\n\n" + markdown_table(
             rows, ["workload", "smc_jax_steps", "smc_jax_calls", "smc_jax_prompt_calls", "smc_jax_s", "smc_jax_floor_s",
-                   "smc_jax_other_s", "recompiles", "smc_jax_sample"]),
+                   "smc_jax_other_s", "recompiles", "smc_jax_zero_weight_runs", "smc_jax_sample"]),
         "## GenLM: batched forward calls (whole token contexts, no KV cache)\n\n" + markdown_table(
-            rows, ["workload", "genlm_steps", "genlm_calls", "genlm_forward_s", "genlm_other_s", "genlm_rows_per_call",
+            rows, ["workload", "genlm_steps", "genlm_zero_weight_runs", "genlm_calls", "genlm_forward_s", "genlm_other_s", "genlm_rows_per_call",
                    "genlm_tokens_per_row", "genlm_s_per_call", "genlm_prompt_s", "genlm_prompt_calls"]),
         "## smc_jax: seconds of one batched decode call (rows per prompt; vmapped over the prompts)\n\n"
         + markdown_table(call_costs, cost_columns),
