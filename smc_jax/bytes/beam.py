@@ -190,8 +190,9 @@ def extension_requests(trie: TokenTrie, table: ByteSummary, beam: BeamState, con
     )
 
 
-class _Advance(NamedTuple):
-    """Reading a byte, before any model call: the advanced hypotheses and the kept extensions."""
+class ShiftPlan(NamedTuple):
+    """Reading a byte, before any model call: the advanced hypotheses and the kept extensions
+    (independent of which extensions are materialized, so computed once per shift)."""
 
     moved: Int[Array, "M C"]  # child(u, b), NO_NODE where none
     weight: Float[Array, "M C"]  # log p(c) + log m_c(child)
@@ -200,7 +201,7 @@ class _Advance(NamedTuple):
     keep_ext: Bool[Array, "M C D"]  # extensions the shift keeps (materialized or not)
 
 
-def _advance(trie: TokenTrie, table: ByteSummary, beam: BeamState, byte: Int[Array, "M"], config: BeamConfig) -> _Advance:
+def plan_shift(trie: TokenTrie, table: ByteSummary, beam: BeamState, byte: Int[Array, "M"], config: BeamConfig) -> ShiftPlan:
     m, c, _ = beam.ext_context.shape
     kept = prune_mask(beam.weight, config)
     rows = _row(beam.context, table.eos.shape[0])
@@ -210,17 +211,16 @@ def _advance(trie: TokenTrie, table: ByteSummary, beam: BeamState, byte: Int[Arr
     ext_w = jnp.where(kept[..., None], ext.weight, -jnp.inf)
     total = jnp.logaddexp(_lse(weight, axis=-1), _lse(ext_w.reshape(m, -1), axis=-1))
     keep_ext = (ext_w - total[:, None, None] > config.log_threshold) & jnp.isfinite(ext_w)
-    return _Advance(moved, weight, ext, ext_w, keep_ext)
+    return ShiftPlan(moved, weight, ext, ext_w, keep_ext)
 
 
 def shift_requests(
-    trie: TokenTrie, table: ByteSummary, beam: BeamState, byte: Int[Array, "M"], config: BeamConfig
+    beam: BeamState, plan: ShiftPlan
 ) -> tuple[Int[Array, "M C D"], Int[Array, "M C D"], Bool[Array, "M C D"]]:
-    """(parent context, token, wanted): the extensions the shift by `byte` keeps that are not
+    """(parent context, token, wanted): the extensions the planned shift keeps that are not
     materialized yet."""
-    adv = _advance(trie, table, beam, byte, config)
-    parent = jnp.broadcast_to(beam.context[..., None], adv.ext.token.shape)
-    return parent, adv.ext.token, adv.keep_ext & (beam.ext_context == NO_CONTEXT)
+    parent = jnp.broadcast_to(beam.context[..., None], plan.ext.token.shape)
+    return parent, plan.ext.token, plan.keep_ext & (beam.ext_context == NO_CONTEXT)
 
 
 def next_byte_logprobs(
@@ -260,17 +260,15 @@ def next_byte_logprobs(
     return normalized, total
 
 
-def shift(
-    trie: TokenTrie, table: ByteSummary, beam: BeamState, byte: Int[Array, "M"], config: BeamConfig
-) -> BeamState:
-    """Reads one byte per particle: prune, advance the kept hypotheses, add the kept extensions
-    advanced by the byte (they must be materialized in beam.ext_context: see `shift_requests`).
-    Extensions of the new beam and its next-byte distribution are left for the caller."""
+def shift(trie: TokenTrie, table: ByteSummary, beam: BeamState, byte: Int[Array, "M"], plan: ShiftPlan) -> BeamState:
+    """Reads one byte per particle as `plan_shift(..., byte, ...)` planned: prune, advance the kept
+    hypotheses, add the kept extensions advanced by the byte (they must be materialized in
+    beam.ext_context: see `shift_requests`). Extensions of the new beam and its next-byte
+    distribution are left for the caller."""
     num_contexts = table.eos.shape[0]
     m, c, d = beam.ext_context.shape
-    adv = _advance(trie, table, beam, byte, config)
-    moved, adv_weight, ext_w = adv.moved, adv.weight, adv.ext_weight
-    keep_ext = adv.keep_ext & (beam.ext_context != NO_CONTEXT)
+    moved, adv_weight, ext_w = plan.moved, plan.weight, plan.ext_weight
+    keep_ext = plan.keep_ext & (beam.ext_context != NO_CONTEXT)
     ext_rows = _row(beam.ext_context, num_contexts)
     ext_node = child(trie, jnp.where(keep_ext, ROOT, NO_NODE), jnp.broadcast_to(byte[:, None, None], (m, c, d)))
     ext_adv = jnp.where(ext_node != NO_NODE, ext_w + node_logmass(trie, table.tree, ext_node, ext_rows), -jnp.inf)

@@ -28,6 +28,7 @@ from smc_jax.bytes.beam import (
     extension_requests,
     initial_beam,
     next_byte_logprobs,
+    plan_shift,
     shift,
     shift_requests,
     summarize_logits,
@@ -194,13 +195,14 @@ class ByteExperts:
 
     def _advance(self, state: ByteExpertState, byte: Int[Array, "M K"], active: Bool[Array, "M K"]) -> ByteExpertState:
         """Reads byte[m, k] into expert k's beam of particle m where active[m, k]."""
-        parent, token, wanted = jax.vmap(
-            lambda table, beam, b: shift_requests(self.trie, table, beam, b, self.beam), in_axes=(0, 1, 1), out_axes=1
-        )(state.stores.summary, state.beams, byte)
+        def per_expert(fn, state: ByteExpertState, *args):
+            return jax.vmap(fn, in_axes=(0, 1) + (1,) * len(args), out_axes=1)(state.stores.summary, state.beams, *args)
+
+        plan = per_expert(lambda table, beam, b: plan_shift(self.trie, table, beam, b, self.beam), state, byte)
+        parent, token, wanted = jax.vmap(shift_requests, in_axes=1, out_axes=1)(state.beams, plan)
         state = self._materialize(state, parent, token, wanted & active[:, :, None, None])
-        shifted = jax.vmap(
-            lambda table, beam, b: shift(self.trie, table, beam, b, self.beam), in_axes=(0, 1, 1), out_axes=1
-        )(state.stores.summary, state.beams, byte)
+        # Materializing adds contexts but changes none the plan read: the plan still holds.
+        shifted = per_expert(lambda table, beam, b, p: shift(self.trie, table, beam, b, p), state, byte, plan)
         m, k = active.shape
         beams = jax.tree.map(
             lambda new, old: jnp.where(active.reshape((m, k) + (1,) * (new.ndim - 2)), new, old), shifted, state.beams
