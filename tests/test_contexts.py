@@ -120,3 +120,41 @@ def test_capacity_overflow_is_flagged():
         stores, new = step(stores, ctx, jnp.array([[0, 1]], jnp.int32))
         ctx = jnp.where(new >= 0, new, ctx)
     assert bool(stores.overflow[0])  # the third token does not fit in max_tokens=2
+
+
+def copied_shapes_outside_entry(hlo: str) -> list[str]:
+    """Result shapes of the `copy` instructions of an optimized HLO module, ENTRY left out."""
+    shapes, in_entry = [], False
+    for line in hlo.splitlines():
+        if line and not line.startswith(" ") and line.rstrip().endswith("{"):
+            in_entry = line.startswith("ENTRY")
+        elif not in_entry and " copy(" in line:
+            shapes.append(line.split("=", 1)[1].split("{", 1)[0].strip())
+    return shapes
+
+
+def test_a_step_loop_updates_the_store_in_place():
+    # Under lax.cond/switch XLA gives every branch fresh result buffers: each step would copy
+    # every context's summary and the pool even when it calls nothing. The store must not be
+    # copied inside the loop, whichever bucket (or none) a step takes.
+    v, r, s, contexts = 37, 4, 6, 53
+    lm = NGramTokenLM.random(jax.random.key(0), vocab_size=v, order=2)
+    prefix, logits0 = lm.prefill([1])
+    stores = jax.vmap(lambda l: init_store(lm, l, r * s, contexts, s))(logits0[None])
+
+    def steps(stores):
+        def body(i, carry):
+            stores, ctx = carry
+            active = jnp.arange(r)[None] < i % (r + 1)  # no call, then every bucket
+            stores, new = extend_group(stores, lm, prefix[None], ctx, jnp.full((1, r), i % v), active, ctx,
+                                       lambda x: x, bucket_sizes(r, typical=2))
+            return stores, ctx  # every step extends the prompt: nothing outgrows max_tokens
+
+        return jax.lax.fori_loop(0, 2 * (r + 1), body, (stores, jnp.zeros((1, r), jnp.int32)))
+
+    hlo = jax.jit(steps).lower(stores).compile().as_text()
+    table = f"f32[1,{contexts},{v}]"
+    assert table in hlo
+    assert table not in copied_shapes_outside_entry(hlo)
+    final, _ = jax.jit(steps)(stores)
+    assert not bool(final.overflow[0]) and int(final.calls[0]) > 0

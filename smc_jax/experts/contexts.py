@@ -204,6 +204,20 @@ def extend_contexts(
     return store, jnp.where(ok, new_ctx, NO_CONTEXT)
 
 
+def _in_place_cond(pred: Bool[Array, ""], fn: Callable[[PyTree], PyTree], operand: PyTree) -> PyTree:
+    """fn(operand) if pred else operand, as a while loop that runs its body at most once.
+
+    Why not `lax.cond`/`lax.switch`: XLA gives a conditional's result buffers of its own, so
+    every branch, the pass-through one included, copies the whole operand (here the KV pool and
+    every context's sum tree: hundreds of MB per call on CPU, even at steps that call nothing).
+    A while loop updates its carry in place."""
+
+    def body(carry: tuple[Bool[Array, ""], PyTree]) -> tuple[Bool[Array, ""], PyTree]:
+        return jnp.zeros((), bool), fn(carry[1])
+
+    return jax.lax.while_loop(lambda carry: carry[0], body, (pred, operand))[1]
+
+
 def bucket_sizes(max_requests: int, typical: int) -> tuple[int, ...]:
     """Batch sizes of the model call: half, once and twice the `typical` number of unique
     requests per step, and the worst case `max_requests`. Each size compiles its own copy of the
@@ -226,7 +240,7 @@ def extend_group(
     """`extend_contexts` for K experts of one model (stores and prefixes stacked on axis 0).
 
     Requests are deduplicated per expert; the bucket is the smallest size holding every expert's
-    unique count, chosen by `lax.switch` outside the vmap over experts (so only that branch runs),
+    unique count, chosen outside the vmap over experts (so only that size runs; `_in_place_cond`),
     and a step without requests calls nothing. Returns the new context of every request."""
     reqs = jax.vmap(dedupe)(parent, token, valid)
     needed = jnp.max(reqs.count)
@@ -234,11 +248,10 @@ def extend_group(
     branch = jnp.where(needed == 0, 0, 1 + jnp.searchsorted(sizes, needed, side="left"))
     r = parent.shape[1]
 
-    def no_call(stores: ContextStore) -> tuple[ContextStore, Int[Array, "K R"]]:
-        return stores, jnp.full((parent.shape[0], r), NO_CONTEXT, jnp.int32)
-
     def make_branch(size: int):
-        def run(stores: ContextStore) -> tuple[ContextStore, Int[Array, "K R"]]:
+        def run(carry: tuple[ContextStore, Array]) -> tuple[ContextStore, Int[Array, "K R"]]:
+            stores = carry[0]
+
             def one(store, prefix, req: Requests, keep_k):
                 store, created = extend_contexts(
                     store, model, prefix, req.parent[:size], req.token[:size], req.valid[:size], keep_k, summarize
@@ -249,7 +262,9 @@ def extend_group(
 
         return run
 
-    stores, created = jax.lax.switch(branch, [no_call] + [make_branch(s) for s in buckets], stores)
+    created = jnp.full((parent.shape[0], r), NO_CONTEXT, jnp.int32)
+    for index, size in enumerate(buckets, start=1):
+        stores, created = _in_place_cond(branch == index, make_branch(size), (stores, created))
     new_ctx = jnp.take_along_axis(created, jnp.clip(reqs.inverse, 0, r - 1), axis=1)
     return stores, jnp.where(valid & (reqs.inverse < r), new_ctx, NO_CONTEXT)
 

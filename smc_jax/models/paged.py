@@ -3,7 +3,7 @@
 The pool holds the keys/values of every continuation token ever fed, one *entry* each
 ([layers, entries, kv_heads, head_dim]); row c's continuation is the entries paths[c, :depth[c]]
 in order (see `smc_jax.experts.contexts`, which allocates and frees them). A decode step
-gathers those entries layer by layer inside the layer scan (never the whole cache at once), so
+gathers those entries layer by layer inside the layer loop (never the whole cache at once), so
 rows that share a history share its entries and resampling copies integers, not caches.
 
 Padding meets the pool in the paths: path slots >= depth[c] point at entry 0 (or any entry) and
@@ -49,16 +49,20 @@ def paged_decode(
     suffix_pos = jnp.broadcast_to(prefix.length + slot, (rows, slots))
     suffix_valid = slot < depth[:, None]
 
-    def context(kv: tuple[Array, Array, Array, Array]) -> list[Keys]:
-        pk, pv, pool_k, pool_v = kv  # this layer's prompt cache and pool
+    def context(kv: tuple[Array, Array, Array]) -> list[Keys]:
+        pk, pv, layer = kv  # this layer's prompt cache, and its index into the pool
         return [
             Keys(pk, pv, prompt_pos, prompt_pos < prefix.length),
-            Keys(pool_k[paths], pool_v[paths], suffix_pos, suffix_valid),
+            Keys(pool.k[layer, paths], pool.v[layer, paths], suffix_pos, suffix_valid),
         ]
 
+    # The pool is not scanned over: the layer loop reads only the rows' path entries of each
+    # layer from it. (Scanned, a pool with a leading expert axis, as `jax.vmap` over prompts makes
+    # it, is first transposed to layers-first: a copy of the whole pool per call.)
+    layers = jnp.arange(config.num_layers, dtype=jnp.int32)
     x = _embed(params, config, tokens[:, None], q_pos)
     h, (k, v) = _decoder(
-        params, config, x, q_pos, jnp.ones((rows, 1), bool), (prefix.k, prefix.v, pool.k, pool.v), context
+        params, config, x, q_pos, jnp.ones((rows, 1), bool), (prefix.k, prefix.v, layers), context
     )
     return _logits(params, config, h)[:, 0], k[:, :, 0], v[:, :, 0]
 

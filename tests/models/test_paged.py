@@ -40,3 +40,34 @@ def test_paged_decode_matches_full_forward(tiny, arch):
             if active[r]:
                 paths[r, depth[r]] = write[r]
                 histories[r].append(int(tokens[r]))
+
+
+def test_prompts_vmapped_read_the_pool_in_place(tiny):
+    """Several prompts (pools stacked on a leading axis, as the expert groups hold them): same
+    logits as each prompt alone, and the step never copies a whole pool into layers-first order
+    (that copy of every prompt's pool per call was the cost of scanning layers over it)."""
+    path, _ = tiny(ARCHITECTURES[0])
+    model = load_model(path)
+    paged = PagedTransformer(params=model.params, config=model.config)
+    prompts = [[5, 6, 7], [8, 9], [10]]  # 3 prompts: not the tiny model's 2 layers
+    prefixes = jax.tree.map(lambda *x: jnp.stack(x), *[model.prefill(p)[0] for p in prompts])
+    entries, rows, slots = 24, 3, 4
+    k = len(prompts)
+    keys = jax.random.split(jax.random.key(0), 2)
+    pools = paged.init_pool(entries)
+    pools = jax.tree.map(lambda x, key: jax.random.normal(key, (k,) + x.shape, x.dtype), pools, type(pools)(k=keys[0], v=keys[1]))
+    paths = jnp.asarray(np.random.default_rng(1).integers(0, entries, size=(k, rows, slots)), jnp.int32)
+    depth = jnp.asarray([[0, 2, 4], [1, 3, 4], [4, 0, 1]], jnp.int32)
+    tokens = jnp.asarray([[3, 4, 5], [6, 7, 8], [9, 10, 11]], jnp.int32)
+    write = jnp.asarray([[20, 21, 22], [20, 21, entries], [0, 1, 2]], jnp.int32)
+    step = jax.jit(jax.vmap(paged.step))
+    logits, new_pools = step(prefixes, pools, paths, depth, tokens, write)
+    for i in range(k):
+        one = jax.tree.map(lambda x: x[i], (prefixes, pools, paths, depth, tokens, write))
+        want_logits, want_pool = jax.jit(paged.step)(*one)
+        np.testing.assert_allclose(np.asarray(logits[i]), np.asarray(want_logits), atol=1e-5, rtol=1e-5)
+        np.testing.assert_allclose(np.asarray(new_pools.k[i]), np.asarray(want_pool.k), atol=1e-6)
+    layers, kv_heads, head_dim = model.config.num_layers, model.config.num_kv_heads, model.config.head_dim
+    hlo = step.lower(prefixes, pools, paths, depth, tokens, write).compile().as_text()
+    assert f"[{k},{layers},{entries},{kv_heads},{head_dim}]" in hlo
+    assert f"[{layers},{k},{entries},{kv_heads},{head_dim}]" not in hlo
