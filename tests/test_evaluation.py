@@ -144,6 +144,24 @@ def test_smc_vs_is_difference_per_seed():
     assert row["diff_mean"] == pytest.approx(0.9) and row["SMC higher"]
 
 
+def test_smc_vs_is_pairs_runs_by_instance_and_seed():
+    # Instance difficulty varies a lot; SMC is 0.5 above IS on every (instance, seed) but one.
+    records = []
+    for i, base in enumerate([-10.0, -1.0, -5.0]):
+        for seed in range(2):
+            smc = base + 0.5 if (i, seed) != (2, 1) else base - 0.1
+            records += [record(f"i{i}", method="token", seed=seed, log_z=smc),
+                        record(f"i{i}", method="token_is", seed=seed, log_z=base)]
+    records.append(record("unpaired", method="token", seed=0, log_z=100.0))  # no IS partner: left out
+    (row,) = smc_vs_is(records, ["product"], [4])
+    diffs = [0.5] * 5 + [-0.1]
+    expected = t_interval(diffs)
+    assert row["pairs"] == 6
+    assert row["run_diff_mean"] == pytest.approx(expected.mean)
+    assert row["run_diff_ci95"] == pytest.approx(expected.half_width)
+    assert row["smc_higher_share"] == pytest.approx(5 / 6) and row["SMC higher in"] == "83%"
+
+
 def test_correlations_and_zscores_use_runs_of_each_instance():
     records = []
     for m, (lz, acc) in zip([2, 4, 8], [(-3.0, 0.1), (-2.0, 0.2), (-1.0, 0.6)]):

@@ -58,6 +58,17 @@ def paired_difference(a: Sequence[Record], b: Sequence[Record], value: Value) ->
     return t_interval([ma[s] - mb[s] for s in ma if s in mb])
 
 
+def run_paired_difference(a: Sequence[Record], b: Sequence[Record], value: Value) -> tuple[Interval, float]:
+    """Runs paired by (instance, seed): the t-interval over pairs of value(a) - value(b), and the
+    fraction of pairs where a is higher. Uses N x seeds pairs instead of the seed means' few, so
+    it resolves smaller differences; same instance and seed, so instance difficulty cancels."""
+    va = {(r.instance, r.seed): value(r) for r in a}
+    diffs = [float(va[key]) - float(value(r)) for r in b
+             if (key := (r.instance, r.seed)) in va and va[key] is not None and value(r) is not None]
+    wins = float(np.mean([d > 0 for d in diffs])) if diffs else math.nan
+    return t_interval(diffs), wins
+
+
 def count_instances(records: Sequence[Record]) -> int:
     return len({r.instance for r in records})
 
@@ -128,7 +139,8 @@ def mixture_check(records: Sequence[Record], particles: Sequence[int], method: s
 def smc_vs_is(records: Sequence[Record], fs: Sequence[str], particles: Sequence[int],
               smc: str = "token", importance: str = "token_is") -> list[dict]:
     """Sanity check (b): E[log Z-hat] of SMC and of importance sampling (ess_threshold = 0) at
-    equal M, per f, with the seed-level CI of their difference."""
+    equal M, per f, with the seed-level CI of their difference and the run-level one (runs paired
+    by instance and seed; `run_paired_difference`), plus the share of pairs where SMC is higher."""
     rows = []
     for f in fs:
         for m in particles:
@@ -137,10 +149,14 @@ def smc_vs_is(records: Sequence[Record], fs: Sequence[str], particles: Sequence[
             if not a or not b:
                 continue
             ia, ib, diff = seed_interval(a, log_z), seed_interval(b, log_z), paired_difference(a, b, log_z)
+            runs, wins = run_paired_difference(a, b, log_z)
             rows.append({
                 "f": f, "M": m, "E[log Z] SMC": ia.format(digits=2), "E[log Z] IS": ib.format(digits=2),
                 "SMC - IS": diff.format(digits=2), "SMC higher": bool(diff.mean > 0),
+                "SMC - IS (paired runs)": runs.format(digits=2), "pairs": runs.n,
+                "SMC higher in": f"{wins:.0%}" if runs.n else "n/a",
                 "smc_mean": ia.mean, "is_mean": ib.mean, "diff_mean": diff.mean, "diff_ci95": diff.half_width,
+                "run_diff_mean": runs.mean, "run_diff_ci95": runs.half_width, "smc_higher_share": wins,
             })
     return rows
 
