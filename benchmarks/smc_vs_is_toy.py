@@ -16,7 +16,7 @@ enumeration), so E[log Z-hat] differs only through the spread of Z-hat (Jensen):
 Runs are paired (run i of SMC and of IS share a key: identical until the first resampling);
 mean +- 95% normal interval over the pairs. Deterministic for a seed; no timing.
 
-    python benchmarks/smc_vs_is_toy.py            # 2000 pairs per cell, about 3 minutes on 2 cores
+    python benchmarks/smc_vs_is_toy.py            # 2000 pairs per cell, about 20 seconds on 2 cores
 """
 
 from __future__ import annotations
