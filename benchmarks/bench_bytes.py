@@ -75,18 +75,17 @@ def main() -> None:
         data = np.stack([np.frombuffer(TEXT[i * 7 : i * 7 + args.bytes], np.uint8) for i in range(seqs)]).astype(np.int32)
         data = jnp.asarray(data)
         read = reader(seqs)
-        scale = 1
-        while True:  # the smallest context store that holds the run (as the sampler does)
-            experts = sampler.build(scale)
-            start = time.perf_counter()
+
+        def first_read(experts):
             state, _ = jax.block_until_ready(read(experts, data))
-            compile_s = time.perf_counter() - start
             problem = experts.failure(state)
-            if problem is None:
-                break
-            if "overflowed" not in problem:
+            if problem is not None:
                 raise RuntimeError(problem)
-            scale *= 2
+            return experts
+
+        start = time.perf_counter()
+        experts = sampler.grow_on_overflow(first_read)  # the smallest store that holds the run, as runs do
+        compile_s = time.perf_counter() - start  # of the last (successful) capacity, plus smaller ones tried
         seconds, _, (state, logps) = timed(lambda: jax.block_until_ready(read(experts, data)), args.repeats, warmup=0)
         stats = context_stats(state.stores)
         logps = np.asarray(logps)
@@ -99,7 +98,7 @@ def main() -> None:
             "bytes_per_s": seqs * args.bytes / seconds, "seconds": seconds, "compile_s": compile_s,
             "calls_per_byte": stats["model_calls"] / args.bytes,
             "rows_per_call": stats["rows_needed"] / max(stats["model_calls"], 1),
-            "store_scale": scale, "zero_prob_bytes": zero_bytes,
+            "store_scale": sampler.capacity_scale, "zero_prob_bytes": zero_bytes,
         })
     columns = ["model", "sequences", "beam_width", "bytes_per_s", "calls_per_byte", "rows_per_call", "seconds", "compile_s",
                "zero_prob_bytes"]

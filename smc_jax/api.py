@@ -151,7 +151,8 @@ class EnsembleSampler:
     mesh: a device mesh from `smc_jax.sharding.make_mesh` to split the particles over (M must be
     a multiple of its "particles" size); sharding_rules: how model weights use its "model" axis
     ("replicated", "tensor_parallel" or a rule table; see `smc_jax.sharding`). Same seed, same
-    result with or without a mesh.
+    result with or without a mesh. resample_finished: True (the paper's Alg. 1) resamples all
+    particles; False only those still extending (see `smc_jax.smc.engine`).
     """
 
     experts: tuple[Expert, ...]
@@ -168,6 +169,7 @@ class EnsembleSampler:
     at_max_length: str = "eos"
     progress: bool = False
     prompt_as_bytes: bool = False
+    resample_finished: bool = True
     mesh: Mesh | None = None
     sharding_rules: str | ParamRules = "replicated"
 
@@ -209,6 +211,7 @@ class EnsembleSampler:
             method="local" if self.level == "local" else "smc",
             at_max_length=self.at_max_length,
             progress=self.progress,
+            resample_finished=self.resample_finished,
         ))
         object.__setattr__(self, "_capacity", {"scale": 1})
         object.__setattr__(self, "_built", {})
@@ -294,9 +297,14 @@ class EnsembleSampler:
         tok = self.experts[0].model.tokenizer
         return lambda symbols: tok.decode([int(s) for s in symbols])
 
-    def _grow_on_overflow(self, run: Callable[[Any], Any]) -> Any:
-        """`run(experts)`, rebuilt with a bigger context store while it reports an overflow (the
-        store only holds what is alive, so a larger one changes no result)."""
+    @property
+    def capacity_scale(self) -> int:
+        """The context-store scale runs use now (1, doubled each time a run overflowed)."""
+        return self._capacity["scale"]
+
+    def grow_on_overflow(self, run: Callable[[Any], Any]) -> Any:
+        """`run(experts)`, rebuilt with a bigger context store while it raises an overflow error
+        (the store only holds what is alive, so a larger one changes no result)."""
         scale = self._capacity["scale"]
         while True:
             try:
@@ -311,7 +319,7 @@ class EnsembleSampler:
         key = jax.random.key(seed) if isinstance(seed, int) else seed
         start = time.perf_counter()
         run = self._smc if self.mesh is None else partial(sample_sharded, self._smc, mesh=self.mesh, rules=self.sharding_rules)
-        result = self._grow_on_overflow(
+        result = self.grow_on_overflow(
             lambda experts: run(key, experts, self._ensemble, decode=self._decode(), allow_zero_weight=allow_zero_weight))
         inverse = np.argsort(self._order)
         stats = dict(result.stats, seconds=time.perf_counter() - start, level=self.level)
@@ -326,7 +334,7 @@ class EnsembleSampler:
         data = continuation.encode() if isinstance(continuation, str) else bytes(continuation)
         if len(data) > self.max_length:
             raise ValueError(f"the continuation has {len(data)} bytes, more than max_length={self.max_length}; raise max_length")
-        return self._grow_on_overflow(lambda experts: byte_logprob(experts, data))
+        return self.grow_on_overflow(lambda experts: byte_logprob(experts, data))
 
 
 def logprob(
@@ -368,6 +376,7 @@ def sample(
     prune_threshold: float = DEFAULT_PRUNE_THRESHOLD,
     at_max_length: str = "eos",
     prompt_as_bytes: bool = False,
+    resample_finished: bool = True,
     allow_zero_weight: bool = False,
     mesh: Mesh | None = None,
     sharding_rules: str | ParamRules = "replicated",
@@ -379,7 +388,8 @@ def sample(
     default); level: "token", "byte" or "local"; max_length: in tokens (token levels) or bytes;
     beam_width / prune_threshold: the byte-level beam; prompt_as_bytes: read raw-text prompts
     through the byte beam from BOS (GenLM's convention) instead of tokenizing them canonically;
-    seed: an int or a PRNG key (same seed, same result); mesh / sharding_rules: split the
+    resample_finished: False resamples only the particles still extending (not the paper's
+    Alg. 1, which resamples all; see `smc_jax.smc.engine`); seed: an int or a PRNG key (same seed, same result); mesh / sharding_rules: split the
     particles (and optionally the model weights) over several devices (see `EnsembleSampler`).
     """
     sampler = EnsembleSampler(
@@ -396,6 +406,7 @@ def sample(
         prune_threshold=prune_threshold,
         at_max_length=at_max_length,
         prompt_as_bytes=prompt_as_bytes,
+        resample_finished=resample_finished,
         mesh=mesh,
         sharding_rules=sharding_rules,
     )

@@ -66,6 +66,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("-M", "--particles", type=int, default=10, help="number of particles M")
     s.add_argument("--ess-threshold", type=float, default=0.9, help="resample when ESS < threshold * M (0 = importance sampling)")
     s.add_argument("--resampler", choices=["multinomial", "systematic", "stratified", "residual"], default="multinomial")
+    s.add_argument("--resample-active-only", action="store_true",
+                   help="resample only particles still extending; finished ones keep their weights "
+                        "(the paper's Alg. 1 resamples all)")
     s.add_argument("--max-length", type=int, default=40, help="longest continuation, in bytes (byte level) or tokens")
     s.add_argument("--at-max-length", choices=["eos", "truncate"], default="truncate",
                    help="eos: force EOS at the limit with its weight factor (target: strings <= max length); "
@@ -119,6 +122,7 @@ def run_sample(args: argparse.Namespace) -> int:
         num_particles=args.particles, ess_threshold=args.ess_threshold, resampler=args.resampler,
         max_length=args.max_length, temperature=args.temperature, beam_width=args.beam_width,
         prune_threshold=args.prune_threshold, at_max_length=args.at_max_length, progress=not args.json,
+        resample_finished=not args.resample_active_only,
     )
     steps = sampler.smc.num_steps
     start = time.perf_counter()

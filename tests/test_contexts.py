@@ -109,6 +109,48 @@ def test_no_call_when_nothing_is_requested_and_no_recompilation():
     assert counter.count == 0
 
 
+def live_counts(store, ctx: np.ndarray) -> tuple[int, int]:
+    """Brute force: (entries on the paths of the contexts in use, contexts in use), the prompt's
+    context included, for one store and the context ids its walkers hold."""
+    contexts = {PROMPT_CONTEXT} | {int(c) for c in ctx if c >= 0}
+    entries = set()
+    for c in contexts:
+        path, depth = context_tokens_path(store, jnp.asarray([c], jnp.int32))
+        entries |= {int(e) for e in np.asarray(path[0, : int(depth[0])])}
+    return len(entries), len(contexts)
+
+
+def test_freed_entries_are_reused_and_peaks_are_exact():
+    """Memory is bounded by what is alive, not by what was ever computed: walkers resampled
+    every step write about twice as many tokens as the pool holds, without overflow, and the store's peak counters equal a brute-force count of the entries and contexts
+    in use right after each call."""
+    v, r, steps = 4, 4, 24
+    capacity = 32  # entries: 57 tokens are written (identical copies share one), at most 22 alive at once
+    lm = NGramTokenLM.random(jax.random.key(3), vocab_size=v, order=2)
+    prefix, logits0 = lm.prefill([2])
+    stores = jax.vmap(lambda l: init_store(lm, l, num_entries=capacity, num_contexts=3 * r, max_tokens=steps + 1))(
+        logits0[None])
+    ctx = np.full((r,), PROMPT_CONTEXT, np.int32)
+    step = jax.jit(lambda st, c, t, a: extend_group(st, lm, prefix[None], c, t, a, c, lambda x: x, bucket_sizes(r, r)))
+    rng = np.random.default_rng(0)
+    want_entries = want_contexts = 0
+    for _ in range(steps):
+        tok = rng.integers(0, v, size=r)
+        active = rng.random(r) < 0.8
+        store = jax.tree.map(lambda x: x[0], stores)
+        entries, contexts = live_counts(store, ctx)
+        new_rows = len({(int(c), int(t)) for c, t, a in zip(ctx, tok, active) if a})
+        want_entries, want_contexts = max(want_entries, entries + new_rows), max(want_contexts, contexts + new_rows)
+        stores, new = step(stores, jnp.asarray(ctx)[None], jnp.asarray(tok, jnp.int32)[None], jnp.asarray(active)[None])
+        ctx = np.where(active, np.asarray(new[0]), ctx)
+        ctx = ctx[rng.integers(0, r, size=r)]  # resampling: lineages coalesce, dead paths are freed
+    assert not bool(stores.overflow[0])
+    written = int(stores.requests[0])
+    assert written > 1.5 * capacity
+    assert int(stores.peak_entries[0]) == want_entries <= capacity
+    assert int(stores.peak_contexts[0]) == want_contexts <= 3 * r
+
+
 def test_capacity_overflow_is_flagged():
     v, r = 3, 2
     lm = NGramTokenLM.random(jax.random.key(1), vocab_size=v, order=2)

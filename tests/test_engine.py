@@ -88,6 +88,26 @@ def test_finished_particles_are_frozen(ngram_experts):
         assert np.allclose(trace[t_end:, m], trace[t_end, m])
 
 
+def test_active_only_resampling_leaves_finished_particles_alone(ngram_experts):
+    """resample_finished=False: a finished particle is never replaced nor copied, its weight
+    never changes, and a resampling step keeps the total weight (so log Z-hat) unchanged."""
+    smc = SMC(num_particles=12, max_length=8, ess_threshold=1.0, resample_finished=False)
+    res = smc(jax.random.key(5), ngram_experts, make_ensemble("product", 2))
+    steps = np.flatnonzero(res.resampled)
+    # A particle of length l sampled EOS at step l; finished slots are never refilled, so the
+    # final lengths say which slots were finished at each resampling.
+    assert any(0 < (res.lengths <= t).sum() < res.num_particles for t in steps)
+    for t in steps:
+        finished = res.lengths <= t
+        np.testing.assert_array_equal(res.ancestors[t][finished], np.flatnonzero(finished))
+        assert not finished[res.ancestors[t][~finished]].any()
+    for m in range(res.num_particles):
+        t_end = res.lengths[m]
+        np.testing.assert_allclose(res.log_weight_trace[t_end:, m], res.log_weight_trace[t_end, m])
+    again = smc(jax.random.key(5), ngram_experts, make_ensemble("product", 2))
+    np.testing.assert_array_equal(again.symbols, res.symbols)
+
+
 def test_local_baseline_ignores_weights(overlapping_tables):
     res = local_ensemble(num_particles=10, max_length=4)(jax.random.key(0), overlapping_tables, make_ensemble("max", 2))
     assert res.log_Z is None

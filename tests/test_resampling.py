@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from smc_jax.smc.resampling import RESAMPLERS, effective_sample_size, get_resampler
+from smc_jax.smc.resampling import RESAMPLERS, effective_sample_size, get_resampler, resample_within
 
 WEIGHTS = np.array([0.05, 0.4, 0.01, 0.3, 0.24], np.float32)
 
@@ -27,6 +27,23 @@ def test_expected_offspring_equals_n_times_weight(name, n):
     se = counts.std(0) / np.sqrt(counts.shape[0]) + 1e-3
     assert np.all(np.abs(mean - n * WEIGHTS) < 5 * se), (mean, n * WEIGHTS)
     assert np.all(counts.sum(1) == n)
+
+
+@pytest.mark.parametrize("name", sorted(RESAMPLERS))
+def test_resampling_within_a_pool(name):
+    """Pool members (n of M) are refilled from the pool with expected offspring n * weight; the
+    others keep themselves. Without the shuffle, systematic draws would give the n members only
+    the first n of M evenly spaced points and never pick the last pool particle."""
+    pool = np.array([True, False, True, True, False, True, False])
+    weights = np.where(pool, [0.1, 0.0, 0.5, 0.05, 0.0, 0.35, 0.0], 0.0).astype(np.float32)
+    keys = jax.random.split(jax.random.key(7), 20000)
+    fn = jax.jit(jax.vmap(lambda k: resample_within(get_resampler(name), k, jnp.asarray(weights), jnp.asarray(pool))))
+    idx = np.asarray(fn(keys))
+    np.testing.assert_array_equal(idx[:, ~pool], np.broadcast_to(np.flatnonzero(~pool), (len(keys), (~pool).sum())))
+    assert pool[idx[:, pool]].all()
+    counts = np.stack([(idx[:, pool] == i).sum(1) for i in range(len(weights))], axis=1)
+    se = counts.std(0) / np.sqrt(len(keys)) + 1e-3
+    assert np.all(np.abs(counts.mean(0) - pool.sum() * weights) < 5 * se), (counts.mean(0), pool.sum() * weights)
 
 
 @pytest.mark.parametrize("name", ["systematic", "stratified", "residual"])

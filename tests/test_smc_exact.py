@@ -35,6 +35,20 @@ def test_z_hat_is_unbiased(overlapping_tables, f, threshold):
     assert abs(z.mean() - true_z) < 4.5 * se + 1e-6, (z.mean(), true_z, se)
 
 
+@pytest.mark.parametrize("f", FUNCTIONS)
+@pytest.mark.parametrize("resampler", ["multinomial", "systematic"])
+def test_z_hat_is_unbiased_when_only_active_particles_resample(overlapping_tables, f, resampler):
+    """resample_finished=False: finished particles keep their weights, the active ones are
+    resampled among themselves (threshold 1: whenever their weights differ)."""
+    experts = ExpertStack(groups=overlapping_tables)
+    ens = make_ensemble(f, 2, [0.4, 0.6])
+    exact = exact_target(experts, ens, max_length=4)
+    smc = SMC(num_particles=4, max_length=4, ess_threshold=1.0, resampler=resampler, resample_finished=False)
+    z = z_hat_samples(smc, experts, ens)
+    se = z.std() / math.sqrt(z.size)
+    assert abs(z.mean() - math.exp(exact.log_Z)) < 4.5 * se + 1e-6, (z.mean(), math.exp(exact.log_Z), se)
+
+
 @pytest.mark.parametrize("f", ["product", "mixture"])
 def test_z_hat_unbiased_with_forced_eos_on_ngrams(ngram_experts, f):
     """Infinite-support experts: the forced EOS at the limit targets phi on strings <= L."""
@@ -72,13 +86,14 @@ def posterior_tv(states, exact, alphabet_size: int) -> np.ndarray:
 
 
 @pytest.mark.parametrize("f", ["min", "product", "max"])
-def test_weighted_particles_approach_phi(overlapping_tables, f):
+@pytest.mark.parametrize("resample_finished", [True, False])
+def test_weighted_particles_approach_phi(overlapping_tables, f, resample_finished):
     experts = ExpertStack(groups=overlapping_tables)
     ens = make_ensemble(f, 2)
     exact = exact_target(experts, ens, max_length=4)
     mean_tv = []
     for m in [4, 16, 64, 256]:
-        smc = SMC(num_particles=m, max_length=4)
+        smc = SMC(num_particles=m, max_length=4, resample_finished=resample_finished)
         states = run_batch(smc, jax.random.split(jax.random.key(m), 200), experts, ens)
         mean_tv.append(posterior_tv(states, exact, experts.alphabet_size).mean())
     assert all(a > b for a, b in zip(mean_tv, mean_tv[1:])), mean_tv

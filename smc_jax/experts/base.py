@@ -113,7 +113,8 @@ class ExpertStack:
         return next(filter(None, (expert_failure(g, s) for g, s in zip(self.groups, state))), None)
 
     def stats(self, state: tuple) -> dict[str, int]:
-        """Summed over groups; model calls of different groups are sequential, so they add up."""
+        """Summed over groups: model calls of different groups are sequential, so they add up, and
+        each group's store capacities and peaks add up to the memory of the whole stack."""
         total: dict[str, int] = {}
         for g, s in zip(self.groups, state):
             for key, value in expert_stats(g, s).items():

@@ -76,6 +76,8 @@ class ContextStore:
     calls: Int[Array, ""]  # model calls made (steps whose requests were not all empty)
     rows: Int[Array, ""]  # rows computed by those calls (bucket sizes, padding included)
     requests: Int[Array, ""]  # unique (context, token) rows actually needed
+    peak_entries: Int[Array, ""]  # most pool entries in use right after a call (alive + written)
+    peak_contexts: Int[Array, ""]  # most contexts in use right after a call
 
     @property
     def num_entries(self) -> int:
@@ -107,6 +109,8 @@ def init_store(
         calls=jnp.zeros((), jnp.int32),
         rows=jnp.zeros((), jnp.int32),
         requests=jnp.zeros((), jnp.int32),
+        peak_entries=jnp.zeros((), jnp.int32),
+        peak_contexts=jnp.zeros((), jnp.int32),
     )
 
 
@@ -187,6 +191,8 @@ def extend_contexts(
     write_entry = jnp.where(ok, new_entry, n)
     write_ctx = jnp.where(ok, new_ctx, t)
 
+    written = jnp.sum(ok).astype(jnp.int32)
+
     logits, pool = model.step(prefix, store.pool, paths, depth, token, write_entry)
     new_paths = paths.at[jnp.arange(u), jnp.minimum(depth, store.max_tokens - 1)].set(new_entry)
     summaries = summarize(logits)
@@ -200,6 +206,8 @@ def extend_contexts(
         calls=store.calls + 1,
         rows=store.rows + u,
         requests=store.requests + jnp.sum(valid).astype(jnp.int32),
+        peak_entries=jnp.maximum(store.peak_entries, jnp.sum(entry_alive) + written),
+        peak_contexts=jnp.maximum(store.peak_contexts, jnp.sum(ctx_alive) + written),
     )
     return store, jnp.where(ok, new_ctx, NO_CONTEXT)
 
@@ -270,12 +278,18 @@ def extend_group(
 
 
 def context_stats(stores: ContextStore) -> dict[str, int]:
-    """Host-side counters of a (stack of) store(s): every expert of a group shares each call."""
+    """Host-side counters of a (stack of) store(s): every expert of a group shares each call.
+    Peaks and capacities are per store (the largest over the stack): memory is fixed by the
+    capacities, and the peaks show how much of them a run used."""
     calls = np.asarray(stores.calls).reshape(-1)
     return {
         "model_calls": int(calls.max()) if calls.size else 0,
         "rows_computed": int(np.asarray(stores.rows).sum()),
         "rows_needed": int(np.asarray(stores.requests).sum()),
+        "peak_live_entries": int(np.asarray(stores.peak_entries).max()),
+        "peak_live_contexts": int(np.asarray(stores.peak_contexts).max()),
+        "entry_capacity": int(stores.path.shape[-2]),
+        "context_capacity": int(stores.context_entry.shape[-1]),
     }
 
 

@@ -12,6 +12,15 @@ Z_hat = mean_m w_m is unbiased for Z = sum_x phi(x). When the effective sample s
 below `ess_threshold * M`, all particles (finished ones included, as in Alg. 1) are resampled
 and every weight is set to the mean weight.
 
+`resample_finished=False` (not in the paper) resamples only the particles still extending: when
+their ESS falls below `ess_threshold` times their number n, n ancestors are drawn among them in
+proportion to their weights and each gets their mean weight; finished particles keep theirs.
+The total weight is unchanged and every particle's expected offspring weight equals its weight,
+so Z_hat stays unbiased. Why: a finished particle's weight stops changing while active ones keep
+gaining per-step factors (below 1 for consensus f), so Alg. 1's resampling copies finished
+strings over active ones -- copies that add no diversity, since a finished string has no future
+-- and Z_hat's share of longer strings rests on fewer particles (benchmarks/smc_vs_is_toy.py).
+
 At the length limit L the only admissible symbol is EOS: the proposal puts all its mass
 there and the weight gains log psi(EOS | x), so the sampler targets phi restricted to strings of
 length <= L, unbiasedly (`at_max_length="eos"`). `at_max_length="truncate"` instead stops
@@ -38,7 +47,7 @@ from jaxtyping import Array, Float, PRNGKeyArray
 from smc_jax.ensemble import Ensemble
 from smc_jax.experts.base import ExpertGroup, eos_symbol, expert_failure, expert_stats, stack_experts
 from smc_jax.smc import progress as progress_hooks
-from smc_jax.smc.resampling import effective_sample_size, get_resampler
+from smc_jax.smc.resampling import effective_sample_size, get_resampler, resample_within
 from smc_jax.smc.result import SMCResult, ZeroWeightError
 from smc_jax.smc.state import PAD_SYMBOL, SMCState, Trace, empty_trace
 
@@ -65,6 +74,7 @@ class SMC:
     method: Method = "smc"
     at_max_length: AtMaxLength = "eos"
     progress: bool = False  # report each step to `smc_jax.smc.progress` listeners (a host call)
+    resample_finished: bool = True  # Alg. 1; False: resample only the active particles (see above)
 
     def __post_init__(self):
         if not isinstance(self.num_particles, int) or self.num_particles < 1:
@@ -166,10 +176,22 @@ class SMC:
         ancestors = jnp.arange(m, dtype=jnp.int32)
         resampled = jnp.zeros((), bool)
         if self.method == "smc" and self.ess_threshold > 0:
-            total = jax.nn.logsumexp(log_weights)
-            resampled = (ess < self.ess_threshold * m) & jnp.any(~done) & jnp.isfinite(total)
-            weights = jnp.exp(log_weights - jnp.where(jnp.isfinite(total), total, 0.0))
-            ancestors = jnp.where(resampled, get_resampler(self.resampler)(key_resample, weights, m), ancestors)
+            # The resampled pool: every particle (Alg. 1), or only those still extending.
+            pool = jnp.ones((m,), bool) if self.resample_finished else ~done
+            pool_size = jnp.sum(pool)  # >= 1 whenever a particle is active (else no resampling)
+            pool_log_weights = jnp.where(pool, log_weights, -jnp.inf)
+            total = jax.nn.logsumexp(pool_log_weights)
+            pool_ess = ess if self.resample_finished else effective_sample_size(pool_log_weights)
+            pool_count = m if self.resample_finished else pool_size
+            resampled = (pool_ess < self.ess_threshold * pool_count) & jnp.any(~done) & jnp.isfinite(total)
+            weights = jnp.exp(pool_log_weights - jnp.where(jnp.isfinite(total), total, 0.0))
+            if self.resample_finished:
+                drawn = get_resampler(self.resampler)(key_resample, weights, m)
+                log_pool_size = math.log(m)
+            else:
+                drawn = resample_within(get_resampler(self.resampler), key_resample, weights, pool)
+                log_pool_size = jnp.log(jnp.maximum(pool_size, 1).astype(jnp.float32))
+            ancestors = jnp.where(resampled, drawn, ancestors)
 
             @jax.named_scope("resample")  # names the ancestor gathers (and their collectives) in HLO
             def gather(carry):
@@ -181,9 +203,9 @@ class SMC:
             new_symbols, lengths, done, finished_eos, log_prefix, expert_state = jax.lax.cond(
                 resampled, gather, lambda c: c, carry
             )
-            mean_log_weight = total - math.log(m)
+            mean_log_weight = total - log_pool_size
             pre_resample_log_weights = log_weights
-            log_weights = jnp.where(resampled, jnp.full_like(log_weights, mean_log_weight), log_weights)
+            log_weights = jnp.where(resampled & pool, mean_log_weight, log_weights)
         else:
             pre_resample_log_weights = log_weights
 

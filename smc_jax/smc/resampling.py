@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
-from jaxtyping import Array, Float, Int, PRNGKeyArray
+from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray
 
 Resampler = Callable[[PRNGKeyArray, Float[Array, "M"], int], Int[Array, "n"]]
 
@@ -54,6 +54,20 @@ def residual(key: PRNGKeyArray, weights: Float[Array, "M"], n: int) -> Int[Array
     rest = jnp.where(jnp.sum(rest) > 0, rest, weights)  # all mass deterministic: any valid draw
     rand = multinomial(key, rest / jnp.sum(rest), n)
     return jnp.where(jnp.arange(n) < num_det, det, rand)
+
+
+def resample_within(
+    resampler: Resampler, key: PRNGKeyArray, weights: Float[Array, "M"], pool: Bool[Array, "M"]
+) -> Int[Array, "M"]:
+    """Ancestors when only the `pool` members are resampled (weights: normalized over the pool,
+    zero outside it): the k-th pool member takes the k-th of M draws in a random order, others
+    keep themselves. Shuffled, each draw is marginally Categorical(weights) for every scheme, so
+    with n pool members each one's expected offspring count is n * weights."""
+    m = weights.shape[0]
+    key_draw, key_order = jax.random.split(key)
+    drawn = jax.random.permutation(key_order, resampler(key_draw, weights, m))
+    rank = jnp.cumsum(pool) - 1
+    return jnp.where(pool, drawn[jnp.clip(rank, 0, m - 1)], jnp.arange(m, dtype=jnp.int32)).astype(jnp.int32)
 
 
 RESAMPLERS: dict[str, Resampler] = {
