@@ -33,6 +33,9 @@ def test_token_level_run_prints_weighted_particles(capsys):
     assert out["log_Z"] is not None and out["log_Z"] < 0
     assert main(argv) == 0
     assert json.loads(capsys.readouterr().out)["particles"] == out["particles"]  # same seed, same result
+    assert main(argv + ["--resample-active-only"]) == 0
+    active = json.loads(capsys.readouterr().out)
+    assert len(active["particles"]) == 4 and active["log_Z"] is not None and active["log_Z"] < 0
 
 
 @pytest.mark.slow
