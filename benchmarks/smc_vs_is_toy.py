@@ -20,7 +20,7 @@ their weights), which removes the second regime's loss.
 Runs are paired (run i of SMC and of IS share a key: identical until the first resampling);
 mean +- 95% normal interval over the pairs. Deterministic for a seed; no timing.
 
-    python benchmarks/smc_vs_is_toy.py            # 2000 pairs per cell, about 20 seconds on 2 cores
+    python benchmarks/smc_vs_is_toy.py            # 2000 pairs per cell, about 30 seconds on 2 cores
 """
 
 from __future__ import annotations

@@ -12,11 +12,12 @@ import pytest
 from scipy import stats as scipy_stats
 
 from smc_jax.evaluation import (
-    NO_F, Job, Record, RecordStore, SettingsMismatchError, per_instance_spearman, plan, run_jobs, spearman,
-    t_interval, zscore,
+    NO_F, STUDY_LEVELS, Job, Record, RecordStore, SettingsMismatchError, get_method, per_instance_spearman, plan,
+    run_jobs, spearman, t_interval, zscore,
 )
 from smc_jax.evaluation.report import (
-    correlations, mixture_check, seed_interval, seed_means, smc_vs_is, table5_rows, zscored_points,
+    RESAMPLE_ACTIVE, RESAMPLE_ALL, correlations, mixture_check, seed_interval, seed_means, smc_vs_is, table5_rows,
+    zscored_points,
 )
 
 T_975_DF2 = 4.302652729749464  # Student's t quantile 0.975 with 2 degrees of freedom
@@ -142,6 +143,25 @@ def test_smc_vs_is_difference_per_seed():
     (row,) = smc_vs_is(records, ["product"], [4])
     assert row["smc_mean"] == pytest.approx(-1.1) and row["is_mean"] == pytest.approx(-2.0)
     assert row["diff_mean"] == pytest.approx(0.9) and row["SMC higher"]
+
+
+def test_smc_vs_is_reports_each_resampling_variant_at_its_level():
+    records = []
+    for seed in range(3):
+        records += [record(method="cross_byte", seed=seed, log_z=-3.0), record(method="cross_byte_active", seed=seed, log_z=-1.5),
+                    record(method="cross_byte_is", seed=seed, log_z=-2.0), record(method="token", seed=seed, log_z=9.0)]
+    rows = smc_vs_is(records, ["product"], [4], STUDY_LEVELS["cross_byte"])
+    assert [(r["resampling"], r["diff_mean"]) for r in rows] == [
+        (RESAMPLE_ALL, pytest.approx(-1.0)), (RESAMPLE_ACTIVE, pytest.approx(0.5))]
+    assert smc_vs_is(records, ["product"], [4]) == []  # token level: no token_is records
+
+
+def test_study_levels_name_their_methods():
+    for level_name, level in STUDY_LEVELS.items():
+        smc, active, importance = (get_method(n) for n in (level.smc, level.smc_active, level.importance))
+        assert smc.resample_finished and not active.resample_finished and importance.importance_sampling
+        assert {smc.level, active.level, importance.level} == {"token" if level_name == "token" else "byte"}
+        assert len({smc.experts, active.experts, importance.experts}) == 1
 
 
 def test_smc_vs_is_pairs_runs_by_instance_and_seed():

@@ -13,13 +13,15 @@ Spearman correlations of log Z-hat with expected accuracy) and their plots.
 The scripts benchmarks/evaluate.py (Table 5) and benchmarks/particle_study.py drive this.
 """
 
-from smc_jax.evaluation.methods import METHODS, Method, Settings, build_sampler, chat_as_text, experts_for, get_method
+from smc_jax.evaluation.methods import (
+    METHODS, STUDY_LEVELS, Method, Settings, StudyLevel, build_sampler, chat_as_text, experts_for, get_method,
+)
 from smc_jax.evaluation.records import NO_F, Record, RecordStore, SettingsMismatchError
 from smc_jax.evaluation.runner import PAPER_FS, Job, ModelRunner, load_instances, plan, run_jobs, select
 from smc_jax.evaluation.stats import CorrelationSummary, Interval, per_instance_spearman, spearman, t_interval, zscore
 
 __all__ = [
-    "METHODS", "Method", "Settings", "build_sampler", "chat_as_text", "experts_for", "get_method",
+    "METHODS", "STUDY_LEVELS", "Method", "Settings", "StudyLevel", "build_sampler", "chat_as_text", "experts_for", "get_method",
     "NO_F", "Record", "RecordStore", "SettingsMismatchError",
     "PAPER_FS", "Job", "ModelRunner", "load_instances", "plan", "run_jobs", "select",
     "CorrelationSummary", "Interval", "per_instance_spearman", "spearman", "t_interval", "zscore",

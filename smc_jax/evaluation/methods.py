@@ -30,6 +30,7 @@ class Method:
     experts: Experts
     uses_f: bool
     importance_sampling: bool = False  # ess_threshold = 0: never resample
+    resample_finished: bool = True  # the paper's Alg. 1; False: resample only active particles
 
     @property
     def cross_model(self) -> bool:
@@ -42,11 +43,33 @@ METHODS: dict[str, Method] = {m.name: m for m in (
     Method("local", "Token Local", "local", "both", uses_f=True),
     Method("token", "Token SMC", "token", "both", uses_f=True),
     Method("token_is", "Token IS", "token", "both", uses_f=True, importance_sampling=True),
+    Method("token_active", "Token SMC (active resampling)", "token", "both", uses_f=True, resample_finished=False),
     Method("byte", "Byte SMC", "byte", "both", uses_f=True),
     Method("cross_byte", "Cross-Model Byte SMC", "byte", "cross", uses_f=True),
+    Method("cross_byte_is", "Cross-Model Byte IS", "byte", "cross", uses_f=True, importance_sampling=True),
+    Method("cross_byte_active", "Cross-Model Byte SMC (active resampling)", "byte", "cross", uses_f=True,
+           resample_finished=False),
     Method("cross_a", "Cross prompt, model A", "token", "cross_a", uses_f=False),
     Method("cross_b", "Cross prompt, model B", "token", "cross_b", uses_f=False),
 )}
+
+
+@dataclasses.dataclass(frozen=True)
+class StudyLevel:
+    """The methods a particle study compares at one level: SMC (the paper's Alg. 1), SMC that
+    resamples only active particles, importance sampling (the same sampler without resampling)
+    and the two experts alone (sanity check (a))."""
+
+    smc: str
+    smc_active: str
+    importance: str
+    experts: tuple[str, str]
+
+
+STUDY_LEVELS: dict[str, StudyLevel] = {
+    "token": StudyLevel("token", "token_active", "token_is", ("prompt1", "prompt2")),  # one model, two prompts
+    "cross_byte": StudyLevel("cross_byte", "cross_byte_active", "cross_byte_is", ("cross_a", "cross_b")),  # two models
+}
 
 
 def get_method(name: str) -> Method:
@@ -126,6 +149,7 @@ def build_sampler(method: Method, f: str, num_particles: int, experts: Sequence[
         level=method.level,
         num_particles=num_particles,
         ess_threshold=0.0 if method.importance_sampling else settings.ess_threshold,
+        resample_finished=method.resample_finished,
         resampler=settings.resampler,
         max_length=settings.max_bytes if byte else settings.max_length,
         temperature=settings.temperature,

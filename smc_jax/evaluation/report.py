@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from smc_jax.evaluation.methods import get_method, method_label
+from smc_jax.evaluation.methods import STUDY_LEVELS, StudyLevel, get_method, method_label
 from smc_jax.evaluation.records import NO_F, Record
 from smc_jax.evaluation.runner import select
 from smc_jax.evaluation.stats import CorrelationSummary, Interval, pearson, per_instance_spearman, t_interval, zscore
@@ -27,6 +27,9 @@ PERCENT = 100.0
 F_NAMES = {"min": "min", "product": "Product", "mixture": "Mixture", "max": "max", NO_F: ""}
 
 Value = Callable[[Record], float | None]
+TOKEN_LEVEL = STUDY_LEVELS["token"]
+#: How an SMC variant resamples (the "resampling" column of sanity check (b)).
+RESAMPLE_ALL, RESAMPLE_ACTIVE = "all (Alg. 1)", "active only"
 
 
 def expected_accuracy(record: Record) -> float:
@@ -109,14 +112,14 @@ def logz_by_particles(records: Sequence[Record], method: str, f: str, particles:
     return [seed_interval(select(records, method=method, f=f, num_particles=m), log_z) for m in particles]
 
 
-def mixture_check(records: Sequence[Record], particles: Sequence[int], method: str = "token") -> list[dict]:
-    """Sanity check (a): the mixture's expected accuracy against the mean of its experts'
-    (prompt 1 and prompt 2 alone, at the same M), per M, in percent."""
+def mixture_check(records: Sequence[Record], particles: Sequence[int], level: StudyLevel = TOKEN_LEVEL) -> list[dict]:
+    """Sanity check (a): the mixture's expected accuracy (SMC at `level`) against the mean of its
+    experts' (each alone, at the same M), per M, in percent."""
     rows = []
     for m in particles:
-        mixture = select(records, method=method, f="mixture", num_particles=m)
-        p1 = select(records, method="prompt1", num_particles=m)
-        p2 = select(records, method="prompt2", num_particles=m)
+        mixture = select(records, method=level.smc, f="mixture", num_particles=m)
+        p1 = select(records, method=level.experts[0], num_particles=m)
+        p2 = select(records, method=level.experts[1], num_particles=m)
         experts_by_seed = {}
         m1, m2 = seed_means(p1), seed_means(p2)
         for seed in m1:
@@ -137,27 +140,30 @@ def mixture_check(records: Sequence[Record], particles: Sequence[int], method: s
 
 
 def smc_vs_is(records: Sequence[Record], fs: Sequence[str], particles: Sequence[int],
-              smc: str = "token", importance: str = "token_is") -> list[dict]:
+              level: StudyLevel = TOKEN_LEVEL) -> list[dict]:
     """Sanity check (b): E[log Z-hat] of SMC and of importance sampling (ess_threshold = 0) at
-    equal M, per f, with the seed-level CI of their difference and the run-level one (runs paired
-    by instance and seed; `run_paired_difference`), plus the share of pairs where SMC is higher."""
+    equal M, per SMC variant present (Alg. 1, which resamples all particles, and resampling of
+    active particles only) and f, with the seed-level CI of their difference and the run-level
+    one (runs paired by instance and seed; `run_paired_difference`), plus the share of pairs
+    where SMC is higher."""
     rows = []
-    for f in fs:
-        for m in particles:
-            a = select(records, method=smc, f=f, num_particles=m)
-            b = select(records, method=importance, f=f, num_particles=m)
-            if not a or not b:
-                continue
-            ia, ib, diff = seed_interval(a, log_z), seed_interval(b, log_z), paired_difference(a, b, log_z)
-            runs, wins = run_paired_difference(a, b, log_z)
-            rows.append({
-                "f": f, "M": m, "E[log Z] SMC": ia.format(digits=2), "E[log Z] IS": ib.format(digits=2),
-                "SMC - IS": diff.format(digits=2), "SMC higher": bool(diff.mean > 0),
-                "SMC - IS (paired runs)": runs.format(digits=2), "pairs": runs.n,
-                "SMC higher in": f"{wins:.0%}" if runs.n else "n/a",
-                "smc_mean": ia.mean, "is_mean": ib.mean, "diff_mean": diff.mean, "diff_ci95": diff.half_width,
-                "run_diff_mean": runs.mean, "run_diff_ci95": runs.half_width, "smc_higher_share": wins,
-            })
+    for smc, resampling in ((level.smc, RESAMPLE_ALL), (level.smc_active, RESAMPLE_ACTIVE)):
+        for f in fs:
+            for m in particles:
+                a = select(records, method=smc, f=f, num_particles=m)
+                b = select(records, method=level.importance, f=f, num_particles=m)
+                if not a or not b:
+                    continue
+                ia, ib, diff = seed_interval(a, log_z), seed_interval(b, log_z), paired_difference(a, b, log_z)
+                runs, wins = run_paired_difference(a, b, log_z)
+                rows.append({
+                    "resampling": resampling, "f": f, "M": m, "E[log Z] SMC": ia.format(digits=2),
+                    "E[log Z] IS": ib.format(digits=2), "SMC - IS": diff.format(digits=2),
+                    "SMC higher": bool(diff.mean > 0), "SMC - IS (paired runs)": runs.format(digits=2),
+                    "pairs": runs.n, "SMC higher in": f"{wins:.0%}" if runs.n else "n/a",
+                    "smc_mean": ia.mean, "is_mean": ib.mean, "diff_mean": diff.mean, "diff_ci95": diff.half_width,
+                    "run_diff_mean": runs.mean, "run_diff_ci95": runs.half_width, "smc_higher_share": wins,
+                })
     return rows
 
 
@@ -194,8 +200,9 @@ def zscored_points(records: Sequence[Record], f: str, method: str = "token") -> 
 
 
 def plot_logz_vs_particles(records: Sequence[Record], fs: Sequence[str], particles: Sequence[int], path: Path,
-                           title: str = "") -> Path:
-    """E[log Z-hat] against M per f (95% CI over seeds): SMC solid, importance sampling dashed."""
+                           title: str = "", level: StudyLevel = TOKEN_LEVEL) -> Path:
+    """E[log Z-hat] against M per f (95% CI over seeds): the SMC variants solid, importance
+    sampling dashed."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -203,7 +210,8 @@ def plot_logz_vs_particles(records: Sequence[Record], fs: Sequence[str], particl
 
     fig, axes = plt.subplots(1, len(fs), figsize=(3.4 * len(fs), 3.2), squeeze=False)
     for ax, f in zip(axes[0], fs):
-        for method, style, label in (("token", "-o", "SMC"), ("token_is", "--s", "IS (no resampling)")):
+        for method, style, label in ((level.smc, "-o", "SMC (Alg. 1)"), (level.smc_active, "-^", "SMC, active only"),
+                                     (level.importance, "--s", "IS (no resampling)")):
             intervals = logz_by_particles(records, method, f, particles)
             if not any(i.n for i in intervals):
                 continue
@@ -226,7 +234,7 @@ def plot_logz_vs_particles(records: Sequence[Record], fs: Sequence[str], particl
     return path
 
 
-def plot_zscores(records: Sequence[Record], fs: Sequence[str], path: Path, title: str = "") -> Path:
+def plot_zscores(records: Sequence[Record], fs: Sequence[str], path: Path, title: str = "", method: str = "token") -> Path:
     """z-scored log Z-hat against z-scored expected accuracy per f (points: instance x M, seed
     means, colored by M), with a least-squares line and Pearson's r."""
     import matplotlib
@@ -237,7 +245,7 @@ def plot_zscores(records: Sequence[Record], fs: Sequence[str], path: Path, title
     fig, axes = plt.subplots(1, len(fs), figsize=(3.4 * len(fs), 3.2), squeeze=False, sharey=True)
     scatter = None
     for ax, f in zip(axes[0], fs):
-        points = zscored_points(records, f)
+        points = zscored_points(records, f, method)
         if not points:
             continue
         ms = np.array([p[1] for p in points])
