@@ -283,7 +283,7 @@ def smc_jax_sampler(sampler: EnsembleSampler, settings: Settings) -> dict[str, A
     prompt_calls = sum(g.stats(_init_state(g, settings.particles))["model_calls"] for g in groups)
     median_run = results[int(np.argsort(times)[len(times) // 2])]
     return {"seconds": statistics.median(times), "times": times, "calls": statistics.median(calls),
-            "prompt_calls": prompt_calls, "steps": statistics.median(steps), "floor": statistics.median(floors),
+            "calls_per_run": calls, "prompt_calls": prompt_calls, "steps": statistics.median(steps), "floor": statistics.median(floors),
             "wall_over_floor": statistics.median(t / f for t, f in zip(times, floors)), "costs": costs,
             "recompiles": compiled.count, "zero_weight_runs": sum(r.log_Z == -math.inf for r in results),
             "sample": repr(median_run.posterior()[0][0])[:50] if median_run.log_Z > -math.inf else "(zero weight)"}
@@ -427,6 +427,7 @@ def summarize_genlm(times: list[float], calls: list[list[tuple[int, int, float]]
     return {
         "seconds": statistics.median(times), "times": times,
         "calls": statistics.median(len(run) for run in calls),
+        "calls_per_run": [len(run) for run in calls],
         "forward_s": statistics.median(sum(c[2] for c in run) for run in calls),
         "rows_per_call": float(np.mean([c[0] for c in flat])) if flat else 0.0,
         "tokens_per_row": float(np.mean([c[1] for c in flat])) if flat else 0.0,
@@ -493,6 +494,13 @@ def agreement(ours: np.ndarray, theirs: np.ndarray) -> dict[str, Any]:
     }
 
 
+def mean_interval(values: Sequence[float]) -> str:
+    """mean ± 95% t-interval (the runs of one side; each run samples its own strings)."""
+    from smc_jax.evaluation.stats import t_interval
+
+    return t_interval([float(v) for v in values]).format(digits=1)
+
+
 def workload(name: str, models: Callable[[str], LanguageModel], genlm: GenLM | None,
              settings: Settings) -> tuple[dict[str, Any], list[CallCost]]:
     """One row of the table (and the per-call costs measured for it)."""
@@ -519,13 +527,16 @@ def workload(name: str, models: Callable[[str], LanguageModel], genlm: GenLM | N
             prompt_as_bytes=level == "byte")
         ours = smc_jax_sampler(sampler, settings)
         row.update({"smc_jax_wall/floor": ours["wall_over_floor"], "smc_jax_sample": ours["sample"],
+                    "smc_jax_calls_per_run": ours["calls_per_run"], "smc_jax_calls_mean": mean_interval(ours["calls_per_run"]),
                     "smc_jax_steps": ours["steps"], "smc_jax_prompt_calls": ours["prompt_calls"],
                     "smc_jax_zero_weight_runs": ours["zero_weight_runs"]})
         if genlm is not None:
             make = byte_potentials(genlm, experts, settings) if level == "byte" else token_potentials(genlm, experts)
             genlm_side = genlm_smc(genlm, make, settings)
             row.update({"genlm_prompt_s": genlm_side["prompt_s"], "genlm_prompt_calls": genlm_side["prompt_calls"],
-                        "genlm_steps": genlm_side["steps"], "genlm_zero_weight_runs": genlm_side["zero_weight_runs"]})
+                        "genlm_steps": genlm_side["steps"], "genlm_zero_weight_runs": genlm_side["zero_weight_runs"],
+                        "genlm_calls_per_run": genlm_side["calls_per_run"],
+                        "genlm_calls_mean": mean_interval(genlm_side["calls_per_run"])})
     row.update({
         "smc_jax_s": ours["seconds"], "smc_jax_calls": ours["calls"], "smc_jax_floor_s": ours["floor"],
         "smc_jax_other_s": ours["seconds"] - ours["floor"], "recompiles": ours["recompiles"],
@@ -559,6 +570,7 @@ def main() -> None:
     parser.add_argument("--torch-threads", type=int, help="torch.set_num_threads for GenLM (default: torch's)")
     parser.add_argument("--max-tokens", type=int, default=40, help="GenLM's max_tokens (symbols + forced EOS)")
     parser.add_argument("--particles", type=int, default=10)
+    parser.add_argument("--name", default="compare_genlm", help="results name: benchmarks/results/<name>.*")
     args = parser.parse_args()
     genlm = None
     if not args.skip_genlm:
@@ -595,6 +607,13 @@ def main() -> None:
         "## Profile of smc_jax (c): model forward (floor) vs everything else\n\n" + markdown_table(
             rows, ["workload", "smc_jax_steps", "smc_jax_calls", "smc_jax_prompt_calls", "smc_jax_s", "smc_jax_floor_s",
                    "smc_jax_other_s", "recompiles", "smc_jax_zero_weight_runs", "smc_jax_sample"]),
+        "## Sequential model calls per run (b)\n\n"
+        "Mean ± 95% t-interval over the runs, and each run's count. Each side samples its own strings, so "
+        "single runs differ in work; over runs both sample the same target with the same proposal and beam "
+        "settings, so the means compare like for like.\n\n"
+        + markdown_table([r for r in rows if "smc_jax_calls_mean" in r],
+                         ["workload", "genlm_calls_mean", "smc_jax_calls_mean", "genlm_calls_per_run",
+                          "smc_jax_calls_per_run"]),
         "## GenLM: batched forward calls (whole token contexts, no KV cache)\n\n" + markdown_table(
             rows, ["workload", "genlm_steps", "genlm_zero_weight_runs", "genlm_calls", "genlm_forward_s", "genlm_other_s", "genlm_rows_per_call",
                    "genlm_tokens_per_row", "genlm_s_per_call", "genlm_prompt_s", "genlm_prompt_calls"]),
@@ -613,7 +632,7 @@ def main() -> None:
              "model calls. floor: smc_jax's calls x the seconds of one batched decode call of the sizes it used; "
              f"max_logp_diff: over next-byte entries with probability >= {MASS_FLOOR} on a side. See the script's "
              "docstring for the conventions.")
-    print(save("compare_genlm", rows, columns, meta, notes, appendix))
+    print(save(args.name, rows, columns, meta, notes, appendix))
     print(appendix)
 
 
