@@ -389,7 +389,8 @@ def sample(
     beam_width / prune_threshold: the byte-level beam; prompt_as_bytes: read raw-text prompts
     through the byte beam from BOS (GenLM's convention) instead of tokenizing them canonically;
     resample_finished: False resamples only the particles still extending (not the paper's
-    Alg. 1, which resamples all; see `smc_jax.smc.engine`); seed: an int or a PRNG key (same seed, same result); mesh / sharding_rules: split the
+    Alg. 1, which resamples all; see `smc_jax.smc.engine`); seed: an int or a PRNG key (same
+    seed, same result); mesh / sharding_rules: split the
     particles (and optionally the model weights) over several devices (see `EnsembleSampler`).
     """
     sampler = EnsembleSampler(

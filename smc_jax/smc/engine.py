@@ -177,20 +177,22 @@ class SMC:
         resampled = jnp.zeros((), bool)
         if self.method == "smc" and self.ess_threshold > 0:
             # The resampled pool: every particle (Alg. 1), or only those still extending.
-            pool = jnp.ones((m,), bool) if self.resample_finished else ~done
-            pool_size = jnp.sum(pool)  # >= 1 whenever a particle is active (else no resampling)
+            if self.resample_finished:
+                pool, pool_count, pool_ess, log_pool_size = jnp.ones((m,), bool), m, ess, math.log(m)
+            else:
+                pool = ~done
+                pool_count = jnp.sum(pool)  # >= 1 whenever a particle is active (else no resampling)
+                pool_ess = effective_sample_size(jnp.where(pool, log_weights, -jnp.inf))
+                log_pool_size = jnp.log(jnp.maximum(pool_count, 1).astype(jnp.float32))
             pool_log_weights = jnp.where(pool, log_weights, -jnp.inf)
             total = jax.nn.logsumexp(pool_log_weights)
-            pool_ess = ess if self.resample_finished else effective_sample_size(pool_log_weights)
-            pool_count = m if self.resample_finished else pool_size
             resampled = (pool_ess < self.ess_threshold * pool_count) & jnp.any(~done) & jnp.isfinite(total)
             weights = jnp.exp(pool_log_weights - jnp.where(jnp.isfinite(total), total, 0.0))
+            resampler = get_resampler(self.resampler)
             if self.resample_finished:
-                drawn = get_resampler(self.resampler)(key_resample, weights, m)
-                log_pool_size = math.log(m)
+                drawn = resampler(key_resample, weights, m)
             else:
-                drawn = resample_within(get_resampler(self.resampler), key_resample, weights, pool)
-                log_pool_size = jnp.log(jnp.maximum(pool_size, 1).astype(jnp.float32))
+                drawn = resample_within(resampler, key_resample, weights, pool)
             ancestors = jnp.where(resampled, drawn, ancestors)
 
             @jax.named_scope("resample")  # names the ancestor gathers (and their collectives) in HLO
