@@ -32,8 +32,10 @@ next-byte distribution needs those above its threshold; reading byte b needs tho
 b keeps. A call made for the former also takes every extension the next shift could keep,
 whatever the byte (`ExtensionRequests.shift`), so that shift makes no call of its own; when no
 beam needs a call for its distribution, nothing is called and the shift fetches only what byte b
-keeps (`shift_requests`, usually nothing). Shapes: M particles, C = K (1 + D) slots, D = the
-trie's max duplicates.
+keeps (`shift_requests`, usually nothing). Symmetrically, a call made by the shift also takes the
+extensions the distribution after it may need among those whose parents exist already
+(`lookahead_requests`), so a byte step rarely calls twice. Shapes: M particles, C = K (1 + D)
+slots, D = the trie's max duplicates, H = C + C D candidates of a shift.
 """
 
 from __future__ import annotations
@@ -136,10 +138,16 @@ class Extensions(NamedTuple):
 
 def extensions(trie: TokenTrie, table: ByteSummary, beam: BeamState) -> Extensions:
     """The token each hypothesis could commit (tokens ending exactly at its node)."""
-    valid = beam.context != NO_CONTEXT
-    rows = _row(beam.context, table.eos.shape[0])
-    ends = ending_tokens(trie, table.tree, jnp.where(valid, beam.node, NO_NODE), rows)
-    weight = jnp.where(ends.mask, beam.logp[..., None] + ends.logprobs, -jnp.inf)
+    return _ending_extensions(trie, table, beam.context, beam.node, beam.logp)
+
+
+def _ending_extensions(
+    trie: TokenTrie, table: ByteSummary, context: Int[Array, "M H"], node: Int[Array, "M H"], logp: Float[Array, "M H"]
+) -> Extensions:
+    """`extensions` of hypotheses given as (context, node, log p(context)) arrays."""
+    valid = context != NO_CONTEXT
+    ends = ending_tokens(trie, table.tree, jnp.where(valid, node, NO_NODE), _row(context, table.eos.shape[0]))
+    weight = jnp.where(ends.mask, logp[..., None] + ends.logprobs, -jnp.inf)
     return Extensions(token=jnp.where(ends.mask, ends.token_ids, 0), weight=weight)
 
 
@@ -199,6 +207,12 @@ class ShiftPlan(NamedTuple):
     ext: Extensions
     ext_weight: Float[Array, "M C D"]  # extension weights of the pruned beam
     keep_ext: Bool[Array, "M C D"]  # extensions the shift keeps (materialized or not)
+    # The new beam's candidates whose contexts exist before the shift (the advanced hypotheses,
+    # then the kept extensions materialized already; NO_CONTEXT for the others), their extensions,
+    # and those the next-byte distribution after the shift may include.
+    ahead_context: Int[Array, "M H"]  # H = C + C D, the shift's candidate order
+    ahead: Extensions  # [M, H, D]
+    keep_ahead: Bool[Array, "M H D"]
 
 
 def plan_shift(trie: TokenTrie, table: ByteSummary, beam: BeamState, byte: Int[Array, "M"], config: BeamConfig) -> ShiftPlan:
@@ -211,7 +225,24 @@ def plan_shift(trie: TokenTrie, table: ByteSummary, beam: BeamState, byte: Int[A
     ext_w = jnp.where(kept[..., None], ext.weight, -jnp.inf)
     total = jnp.logaddexp(_lse(weight, axis=-1), _lse(ext_w.reshape(m, -1), axis=-1))
     keep_ext = (ext_w - total[:, None, None] > config.log_threshold) & jnp.isfinite(ext_w)
-    return ShiftPlan(moved, weight, ext, ext_w, keep_ext)
+    # After the shift, the beam is the C heaviest candidates, at most K <= C of them advanced
+    # hypotheses: its total weight is at least theirs and at least any one candidate's. An
+    # extension below threshold * that bound is never in the next distribution.
+    ready = keep_ext & (beam.ext_context != NO_CONTEXT)
+    ext_rows = _row(beam.ext_context, table.eos.shape[0])
+    ext_node = child(trie, jnp.where(ready, ROOT, NO_NODE), jnp.broadcast_to(byte[:, None, None], ready.shape))
+    ext_adv = jnp.where(ext_node != NO_NODE, ext_w + node_logmass(trie, table.tree, ext_node, ext_rows), -jnp.inf)
+    ahead_context = jnp.concatenate([beam.context, jnp.where(ready, beam.ext_context, NO_CONTEXT).reshape(m, -1)], axis=1)
+    ahead = _ending_extensions(
+        trie,
+        table,
+        ahead_context,
+        jnp.concatenate([moved, ext_node.reshape(m, -1)], axis=1),
+        jnp.concatenate([beam.logp, ext_w.reshape(m, -1)], axis=1),
+    )
+    bound = jnp.maximum(_lse(weight, axis=-1), jnp.max(ext_adv.reshape(m, -1), axis=-1))
+    keep_ahead = (ahead.weight - bound[:, None, None] > config.log_threshold) & jnp.isfinite(ahead.weight)
+    return ShiftPlan(moved, weight, ext, ext_w, keep_ext, ahead_context, ahead, keep_ahead)
 
 
 def shift_requests(
@@ -221,6 +252,14 @@ def shift_requests(
     materialized yet."""
     parent = jnp.broadcast_to(beam.context[..., None], plan.ext.token.shape)
     return parent, plan.ext.token, plan.keep_ext & (beam.ext_context == NO_CONTEXT)
+
+
+def lookahead_requests(plan: ShiftPlan) -> tuple[Int[Array, "M H D"], Int[Array, "M H D"], Bool[Array, "M H D"]]:
+    """(parent context, token, wanted): the extensions of the new beam's candidates that the
+    next-byte distribution after the planned shift may need (a superset), among those whose
+    parents exist before the shift: a model call the shift makes can take them too (see `shift`)."""
+    parent = jnp.broadcast_to(plan.ahead_context[..., None], plan.ahead.token.shape)
+    return parent, plan.ahead.token, plan.keep_ahead
 
 
 def next_byte_logprobs(
@@ -260,11 +299,20 @@ def next_byte_logprobs(
     return normalized, total
 
 
-def shift(trie: TokenTrie, table: ByteSummary, beam: BeamState, byte: Int[Array, "M"], plan: ShiftPlan) -> BeamState:
+def shift(
+    trie: TokenTrie,
+    table: ByteSummary,
+    beam: BeamState,
+    byte: Int[Array, "M"],
+    plan: ShiftPlan,
+    ahead_context: Int[Array, "M H D"],
+) -> BeamState:
     """Reads one byte per particle as `plan_shift(..., byte, ...)` planned: prune, advance the kept
     hypotheses, add the kept extensions advanced by the byte (they must be materialized in
-    beam.ext_context: see `shift_requests`). Extensions of the new beam and its next-byte
-    distribution are left for the caller."""
+    beam.ext_context: see `shift_requests`). `ahead_context` holds the extension contexts of the
+    candidates fetched already (`lookahead_requests`; NO_CONTEXT elsewhere): they stay with their
+    hypotheses. The new beam's other extensions and its next-byte distribution are left for the
+    caller."""
     num_contexts = table.eos.shape[0]
     m, c, d = beam.ext_context.shape
     moved, adv_weight, ext_w = plan.moved, plan.weight, plan.ext_weight
@@ -279,7 +327,7 @@ def shift(trie: TokenTrie, table: ByteSummary, beam: BeamState, byte: Int[Array,
     cand_node = jnp.concatenate([moved, ext_node.reshape(m, -1)], axis=1)
     cand_logp = jnp.concatenate([beam.logp, ext_w.reshape(m, -1)], axis=1)
     order = jnp.argsort(-cand_w, axis=1, stable=True)[:, :c]
-    take = lambda x: jnp.take_along_axis(x, order, axis=1)
+    take = lambda x: jnp.take_along_axis(x, order.reshape(order.shape + (1,) * (x.ndim - 2)), axis=1)
     weight = take(cand_w)
     alive = jnp.isfinite(weight)
     return BeamState(
@@ -287,7 +335,7 @@ def shift(trie: TokenTrie, table: ByteSummary, beam: BeamState, byte: Int[Array,
         node=jnp.where(alive, take(cand_node), ROOT),
         logp=jnp.where(alive, take(cand_logp), -jnp.inf),
         weight=weight,
-        ext_context=jnp.full_like(beam.ext_context, NO_CONTEXT),
+        ext_context=jnp.where(alive[..., None], take(ahead_context), NO_CONTEXT),
         next_logp=beam.next_logp,
         log_mass=_lse(weight, axis=-1),
     )

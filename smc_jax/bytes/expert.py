@@ -5,9 +5,11 @@ different tokenizers share it and can be ensembled exactly. Each particle keeps,
 beam over tokenizations (`beam.py`). A step reads the sampled byte in every beam, then
 materializes the extensions the new next-byte distributions need (and, in the same call, those
 the next byte's shift could keep); a shift whose extensions were not fetched that way fetches
-them first. Each is one model call for the token contexts requested, deduplicated across
-particles and slots and batched over the K prompts (`experts.contexts`), and none is made when
-no beam of any particle requests anything.
+them first (and, in the same call, those the new distributions may need). Each is one model call
+for the token contexts requested, deduplicated across particles and slots and batched over the
+K prompts (`experts.contexts`), and none is made when no beam of any particle requests anything.
+A byte step thus makes at most one call per model, except when a context created by the shift
+needs an extension at once (its parent did not exist before the call).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from smc_jax.bytes.beam import (
     ByteSummary,
     extension_requests,
     initial_beam,
+    lookahead_requests,
     next_byte_logprobs,
     plan_shift,
     shift,
@@ -75,6 +78,9 @@ class ByteExperts:
     temperature: float = struct.field(pytree_node=False, default=1.0)
     num_entries: int | None = struct.field(pytree_node=False, default=None)  # None: the worst case
     num_contexts: int | None = struct.field(pytree_node=False, default=None)  # None: the worst case
+    # A shift that calls the model also fetches what the next refresh may need (more rows, fewer
+    # sequential calls); False fetches only what each of the two needs (same distributions).
+    lookahead: bool = struct.field(pytree_node=False, default=True)
     # GenLM's prompt convention: the prefix holds only BOS, and these raw prompt bytes (padded,
     # with their lengths) are read through the beam at init, summing over their tokenizations.
     prompt_bytes: Int[Array, "K P"] | None = None
@@ -150,21 +156,30 @@ class ByteExperts:
         beams = jax.tree.map(lambda x: jnp.broadcast_to(x, (m,) + x.shape[1:]), one.beams)
         return ByteExpertState(beams, one.stores)
 
+    def _create(
+        self, state: ByteExpertState, parent: Int[Array, "M K R"], token: Int[Array, "M K R"], wanted: Bool[Array, "M K R"]
+    ) -> tuple[ContextStore, Int[Array, "M K R"]]:
+        """Creates the wanted contexts parent + token with one model call for all particles,
+        requests and K experts (none if nothing is wanted); returns them (NO_CONTEXT elsewhere)."""
+        beams, stores = state
+        m, k, r = wanted.shape
+        flat = lambda x: jnp.moveaxis(x, 1, 0).reshape(k, -1)
+        keep = jnp.concatenate([flat(beams.context), flat(beams.ext_context)], axis=1)
+        stores, created = extend_group(
+            stores, self.model, self.prefixes, flat(parent), flat(token), flat(wanted), keep, self._summarize,
+            bucket_sizes(m * r, typical=m),  # ~one fresh context per particle and step
+        )
+        return stores, jnp.moveaxis(created.reshape(k, m, r), 0, 1)
+
     def _materialize(
         self, state: ByteExpertState, parent: Int[Array, "M K C D"], token: Int[Array, "M K C D"], wanted: Bool[Array, "M K C D"]
     ) -> ByteExpertState:
-        """Creates the wanted extension contexts (parent + token) with one model call for all
-        particles, slots and K experts (none if nothing is wanted); records them in ext_context."""
-        beams, stores = state
-        m, k, c, d = wanted.shape
-        flat = lambda x: jnp.moveaxis(x, 1, 0).reshape(k, m * c * d)
-        keep = jnp.concatenate([jnp.moveaxis(beams.context, 1, 0).reshape(k, m * c), flat(beams.ext_context)], axis=1)
-        stores, created = extend_group(
-            stores, self.model, self.prefixes, flat(parent), flat(token), flat(wanted), keep, self._summarize,
-            bucket_sizes(m * c * d, typical=m),  # ~one fresh context per particle and step
-        )
-        created = jnp.moveaxis(created.reshape(k, m, c, d), 0, 1)
-        return ByteExpertState(beams._replace(ext_context=jnp.where(wanted, created, beams.ext_context)), stores)
+        """Creates the wanted extension contexts (one call, see `_create`); records them in ext_context."""
+        flat = lambda x: x.reshape(x.shape[:2] + (-1,))
+        stores, created = self._create(state, flat(parent), flat(token), flat(wanted))
+        beams = state.beams
+        ext_context = jnp.where(wanted, created.reshape(wanted.shape), beams.ext_context)
+        return ByteExpertState(beams._replace(ext_context=ext_context), stores)
 
     def _refresh(self, state: ByteExpertState, active: Bool[Array, "M K"]) -> ByteExpertState:
         """Materializes the extensions the beams' next-byte distributions need (if any beam
@@ -200,9 +215,22 @@ class ByteExperts:
 
         plan = per_expert(lambda table, beam, b: plan_shift(self.trie, table, beam, b, self.beam), state, byte)
         parent, token, wanted = jax.vmap(shift_requests, in_axes=1, out_axes=1)(state.beams, plan)
-        state = self._materialize(state, parent, token, wanted & active[:, :, None, None])
+        wanted = wanted & active[:, :, None, None]
+        # A shift that calls the model also fetches the extensions the new beam's next-byte
+        # distribution may need (those whose parents exist now), so the refresh after it rarely
+        # calls again: one call per byte step instead of two.
+        ahead_parent, ahead_token, ahead = jax.vmap(lookahead_requests, in_axes=1, out_axes=1)(plan)
+        ahead = ahead & active[:, :, None, None] & jnp.any(wanted) & self.lookahead
+        both = lambda x, y: jnp.concatenate([x.reshape(x.shape[:2] + (-1,)), y.reshape(y.shape[:2] + (-1,))], axis=2)
+        stores, created = self._create(state, both(parent, ahead_parent), both(token, ahead_token), both(wanted, ahead))
+        shift_ctx, ahead_ctx = jnp.split(created, [wanted.shape[2] * wanted.shape[3]], axis=2)
+        ext_context = jnp.where(wanted, shift_ctx.reshape(wanted.shape), state.beams.ext_context)
+        state = ByteExpertState(state.beams._replace(ext_context=ext_context), stores)
+        ahead_ctx = jnp.where(ahead, ahead_ctx.reshape(ahead.shape), NO_CONTEXT)
         # Materializing adds contexts but changes none the plan read: the plan still holds.
-        shifted = per_expert(lambda table, beam, b, p: shift(self.trie, table, beam, b, p), state, byte, plan)
+        shifted = per_expert(
+            lambda table, beam, b, p, a: shift(self.trie, table, beam, b, p, a), state, byte, plan, ahead_ctx
+        )
         m, k = active.shape
         beams = jax.tree.map(
             lambda new, old: jnp.where(active.reshape((m, k) + (1,) * (new.ndim - 2)), new, old), shifted, state.beams

@@ -216,3 +216,29 @@ def test_precomputed_start_state_changes_nothing_but_the_calls():
     assert prompt_calls > 0 and calls(fast.expert_state.stores) == calls(plain.expert_state.stores) - prompt_calls
     with pytest.raises(ValueError, match="with_start_state"):
         cached.init(3)
+
+
+@pytest.mark.parametrize("vocab", [VOCAB, DUPLICATED], ids=["ambiguous", "duplicates"])
+def test_lookahead_saves_calls_and_changes_no_distribution(vocab):
+    """A shift that calls the model also fetches what the next-byte distribution after it may
+    need (`ByteExperts.lookahead`): the distributions are those of fetching only what each needs,
+    bit for bit, and the byte steps that call the model twice become single calls."""
+    width, threshold = 3, 0.2  # narrow, pruned beams: steps that need two calls are common
+    data = np.random.default_rng(0).choice([ord("a"), ord("b")], size=(12, 10))
+    runs = {}
+    for lookahead in (False, True):
+        _, experts = make(vocab=vocab, width=width, threshold=threshold, seed=1, max_tokens=12)
+        experts = experts.replace(lookahead=lookahead)
+        init, advance = jax.jit(lambda e: e.init(1)), jax.jit(lambda e, s, b: e.advance(s, b, jnp.ones(1, bool)))
+        calls, logps = [], []
+        for text in data:  # one particle at a time (many particles' calls would hide the pattern)
+            state = init(experts)
+            for byte in text:
+                before = int(state.stores.calls.max())
+                state = advance(experts, state, jnp.asarray([byte]))
+                calls.append(int(state.stores.calls.max()) - before)
+                logps.append(np.asarray(state.beams.next_logp))
+        runs[lookahead] = np.array(calls), np.stack(logps)
+    (calls_off, logp_off), (calls_on, logp_on) = runs[False], runs[True]
+    np.testing.assert_array_equal(logp_on, logp_off)
+    assert np.all(calls_on <= calls_off) and calls_on.sum() < calls_off.sum(), (calls_on, calls_off)
