@@ -29,7 +29,7 @@ from tqdm import tqdm  # noqa: E402
 from benchmarks.common import save, timed  # noqa: E402
 from smc_jax import load_model  # noqa: E402
 from smc_jax.api import EnsembleSampler, Expert  # noqa: E402
-from smc_jax.experts.contexts import context_stats  # noqa: E402
+from smc_jax.models.contexts import context_stats  # noqa: E402
 
 TEXT = (
     "The history of science is full of people who were both careful observers and gifted writers. "

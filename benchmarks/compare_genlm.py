@@ -85,10 +85,10 @@ from tqdm import tqdm  # noqa: E402
 from benchmarks.common import markdown_table, save  # noqa: E402
 from smc_jax import load_model  # noqa: E402
 from smc_jax.api import EnsembleSampler, Expert  # noqa: E402
-from smc_jax.bytes.expert import ByteExperts  # noqa: E402
+from smc_jax.experts.byte import ByteExperts  # noqa: E402
 from smc_jax.ensemble import CustomEnsemble  # noqa: E402
 from smc_jax.experts.base import ExpertStack, expert_failure  # noqa: E402
-from smc_jax.experts.contexts import bucket_sizes, context_stats  # noqa: E402
+from smc_jax.models.contexts import bucket_sizes, context_stats  # noqa: E402
 from smc_jax.models.lm import LanguageModel  # noqa: E402
 from smc_jax.models.paged import paged_decode  # noqa: E402
 from smc_jax.models.registry import resolve  # noqa: E402

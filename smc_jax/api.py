@@ -29,7 +29,7 @@ import numpy as np
 from jax.sharding import Mesh
 
 from smc_jax.bytes.beam import BeamConfig
-from smc_jax.bytes.expert import ByteExperts, ByteLogprob, byte_logprob
+from smc_jax.experts.byte import ByteExperts, ByteLogprob, byte_logprob
 from smc_jax.bytes.trie import TokenTrie
 from smc_jax.bytes.vocab import token_byte_strings
 from smc_jax.ensemble import Ensemble, make_ensemble

@@ -37,7 +37,7 @@ from jaxtyping import PRNGKeyArray
 
 from smc_jax.ensemble import Ensemble
 from smc_jax.experts.base import ExpertGroup, stack_experts
-from smc_jax.experts.contexts import ContextStore
+from smc_jax.models.contexts import ContextStore
 from smc_jax.models.paged import KVPool, PagedTransformer
 from smc_jax.models.params import SEP, Params
 from smc_jax.smc.engine import SMC

@@ -27,7 +27,7 @@ import numpy as np  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
 from smc_jax.bytes.beam import BeamConfig  # noqa: E402
-from smc_jax.bytes.expert import ByteExperts  # noqa: E402
+from smc_jax.experts.byte import ByteExperts  # noqa: E402
 from smc_jax.bytes.trie import TokenTrie  # noqa: E402
 from smc_jax.ensemble import make_ensemble  # noqa: E402
 from smc_jax.experts import NGramExpert  # noqa: E402

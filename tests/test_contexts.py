@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from smc_jax.experts.contexts import (
+from smc_jax.models.contexts import (
     NO_CONTEXT,
     PROMPT_CONTEXT,
     bucket_sizes,

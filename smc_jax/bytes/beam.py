@@ -51,7 +51,7 @@ from jaxtyping import Array, Bool, Float, Int
 from smc_jax.bytes.sumtree import SumTree, build_sum_tree, range_logmass
 from smc_jax.bytes.trie import NO_NODE, ROOT, TokenTrie, child, ending_tokens, next_byte_logmass, node_logmass
 from smc_jax.bytes.vocab import NUM_BYTES
-from smc_jax.experts.contexts import NO_CONTEXT
+from smc_jax.models.contexts import NO_CONTEXT
 
 #: Index of end-of-string in next-byte arrays (256 bytes, then EOS).
 EOS_BYTE = NUM_BYTES

@@ -33,6 +33,9 @@ from jaxtyping import Array, Bool, Float, Int
 
 PyTree = Any
 
+#: Symbol stored past the end of a string (sampled strings and padded teacher-forcing targets).
+PAD_SYMBOL = -1
+
 
 def eos_symbol(alphabet_size: int) -> int:
     """The end-of-string symbol of an alphabet of `alphabet_size` symbols: the next integer."""

@@ -21,8 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float, Int
 
-from smc_jax.experts.base import ExpertGroup, eos_symbol
-from smc_jax.smc.state import PAD_SYMBOL
+from smc_jax.experts.base import PAD_SYMBOL, ExpertGroup, eos_symbol
 
 
 class Scores(NamedTuple):

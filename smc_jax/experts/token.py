@@ -16,7 +16,7 @@ import jax.numpy as jnp
 from flax import struct
 from jaxtyping import Array, Bool, Float, Int
 
-from smc_jax.experts.contexts import (
+from smc_jax.models.contexts import (
     PROMPT_CONTEXT,
     ContextStore,
     PagedModel,

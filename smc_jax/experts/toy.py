@@ -183,7 +183,7 @@ class NGramExpert:
 
 @struct.dataclass
 class NGramTokenLM:
-    """A toy token LM behind the paged-model interface (`experts.contexts.PagedModel`).
+    """A toy token LM behind the paged-model interface (`models.contexts.PagedModel`).
 
     Next-token logits come from a table indexed by the last (order - 1) tokens of the context
     (prompt tokens, then continuation tokens), BOS-padded; digit V stands for BOS. Its pool stores

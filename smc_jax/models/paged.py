@@ -2,7 +2,7 @@
 
 The pool holds the keys/values of every continuation token ever fed, one *entry* each
 ([layers, entries, kv_heads, head_dim]); row c's continuation is the entries paths[c, :depth[c]]
-in order (see `smc_jax.experts.contexts`, which allocates and frees them). A decode step
+in order (see `smc_jax.models.contexts`, which allocates and frees them). A decode step
 gathers those entries layer by layer inside the layer loop (never the whole cache at once), so
 rows that share a history share its entries and resampling copies integers, not caches.
 
@@ -22,7 +22,7 @@ from jaxtyping import Array, Float, Int
 from smc_jax.models.cache import PrefixCache
 from smc_jax.models.config import ModelConfig
 from smc_jax.models.params import Params
-from smc_jax.models.transformer import Keys, _decoder, _embed, _logits
+from smc_jax.models.transformer import Keys, decoder, embed, output_logits
 
 
 @struct.dataclass
@@ -60,16 +60,16 @@ def paged_decode(
     # layer from it. (Scanned, a pool with a leading expert axis, as `jax.vmap` over prompts makes
     # it, is first transposed to layers-first: a copy of the whole pool per call.)
     layers = jnp.arange(config.num_layers, dtype=jnp.int32)
-    x = _embed(params, config, tokens[:, None], q_pos)
-    h, (k, v) = _decoder(
+    x = embed(params, config, tokens[:, None], q_pos)
+    h, (k, v) = decoder(
         params, config, x, q_pos, jnp.ones((rows, 1), bool), (prefix.k, prefix.v, layers), context
     )
-    return _logits(params, config, h)[:, 0], k[:, :, 0], v[:, :, 0]
+    return output_logits(params, config, h)[:, 0], k[:, :, 0], v[:, :, 0]
 
 
 @struct.dataclass
 class PagedTransformer:
-    """A transformer behind the paged-model interface of `smc_jax.experts.contexts`."""
+    """A transformer behind the paged-model interface of `smc_jax.models.contexts`."""
 
     params: Params
     config: ModelConfig = struct.field(pytree_node=False)

@@ -13,7 +13,7 @@ Attention for query i at absolute position p_i over keys j at positions p_j:
 The layers are stacked and run with `jax.lax.scan`; per-layer RoPE frequencies, query scales and
 sliding/global flags are arrays scanned alongside the weights, so one layer body is compiled.
 Params whose "layers" entry is a tuple of per-layer dicts (`params.unstack_layers`) run the same
-body in an unrolled loop instead: longer compiles, faster steps on CPU (see `_decoder`).
+body in an unrolled loop instead: longer compiles, faster steps on CPU (see `decoder`).
 
 Three entry points share that body; they differ only in where the keys come from:
   * `forward`: a batch of sequences attends to itself (no cache).
@@ -172,7 +172,7 @@ ContextFn = Callable[[Any], list[Keys]]
 """Builds a layer's cached key blocks from that layer's slice of the scanned cache arrays."""
 
 
-def _decoder(
+def decoder(
     params: Params,
     config: ModelConfig,
     x: Float[Array, "rows tokens d"],
@@ -222,7 +222,7 @@ def _decoder(
     return x, jax.tree_util.tree_map(lambda *a: jnp.stack(a), *new_kv)
 
 
-def _embed(
+def embed(
     params: Params, config: ModelConfig, tokens: Int[Array, "rows tokens"], positions: Int[Array, "rows tokens"]
 ) -> Float[Array, "rows tokens d"]:
     table = params["embed"]
@@ -232,7 +232,7 @@ def _embed(
     return x
 
 
-def _logits(params: Params, config: ModelConfig, h: Float[Array, "*batch d"]) -> Float[Array, "*batch vocab"]:
+def output_logits(params: Params, config: ModelConfig, h: Float[Array, "*batch d"]) -> Float[Array, "*batch vocab"]:
     """Final norm, then h @ head.T accumulated in float32 (optionally soft-capped)."""
     h = _norm(h, params["final_norm"], config)
     head = params["embed"] if config.tie_embeddings else params["lm_head"]
@@ -252,9 +252,9 @@ def forward(
     """Full causal forward pass, no cache. Key j is visible to query i iff mask[j] and
     positions[j] <= positions[i] (within the window on sliding layers), so left or right padding
     with mask False leaves the other tokens' logits unchanged; padded rows' logits are garbage."""
-    x = _embed(params, config, tokens, positions)
-    h, _ = _decoder(params, config, x, positions, mask)
-    return _logits(params, config, h)
+    x = embed(params, config, tokens, positions)
+    h, _ = decoder(params, config, x, positions, mask)
+    return output_logits(params, config, h)
 
 
 def prefill(
@@ -270,11 +270,11 @@ def prefill(
     """
     padded = tokens.shape[0]
     positions = jnp.arange(padded, dtype=jnp.int32)[None]
-    x = _embed(params, config, tokens[None], positions)
-    h, (k, v) = _decoder(params, config, x, positions, positions < length)
+    x = embed(params, config, tokens[None], positions)
+    h, (k, v) = decoder(params, config, x, positions, positions < length)
     last = jax.lax.dynamic_index_in_dim(h[0], length - 1, keepdims=False)
     cache = PrefixCache(k=k[:, 0], v=v[:, 0], length=jnp.asarray(length, jnp.int32))
-    return cache, _logits(params, config, last)
+    return cache, output_logits(params, config, last)
 
 
 def extend(
@@ -327,8 +327,8 @@ def extend(
             Keys(sk, sv, suffix_pos, suffix_slot < suffix_len[:, None]),
         ]
 
-    x = _embed(params, config, tokens, q_pos)
-    h, (k, v) = _decoder(
+    x = embed(params, config, tokens, q_pos)
+    h, (k, v) = decoder(
         params,
         config,
         x,
@@ -337,7 +337,7 @@ def extend(
         (prefix.k, prefix.v, suffix_k, suffix_v),
         context,
     )
-    return _logits(params, config, h), k, v
+    return output_logits(params, config, h), k, v
 
 
 def decode(

@@ -7,8 +7,7 @@ from typing import Any, NamedTuple
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray
 
-#: Symbol stored past the end of a particle's string.
-PAD_SYMBOL = -1
+from smc_jax.experts.base import PAD_SYMBOL
 
 
 class Trace(NamedTuple):

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from smc_jax.bytes.beam import EOS_BYTE, BeamConfig
-from smc_jax.bytes.expert import ByteExperts, byte_logprob
+from smc_jax.experts.byte import ByteExperts, byte_logprob
 from smc_jax.bytes.trie import TokenTrie
 from smc_jax.experts.toy import NGramTokenLM
 from tests.expert_contract import check_expert_group
@@ -193,7 +193,7 @@ def test_precomputed_start_state_changes_nothing_but_the_calls():
     """`with_start_state`: a run from the precomputed prompt state is the run that reads the
     prompt itself (same key, same particles and weights), and counts only its own model calls."""
     from smc_jax.ensemble import make_ensemble
-    from smc_jax.experts.contexts import context_stats
+    from smc_jax.models.contexts import context_stats
     from smc_jax.smc import SMC
     from smc_jax.smc.engine import run_jitted
 

@@ -7,7 +7,7 @@ materializes the extensions the new next-byte distributions need (and, in the sa
 the next byte's shift could keep); a shift whose extensions were not fetched that way fetches
 them first (and, in the same call, those the new distributions may need). Each is one model call
 for the token contexts requested, deduplicated across particles and slots and batched over the
-K prompts (`experts.contexts`), and none is made when no beam of any particle requests anything.
+K prompts (`models.contexts`), and none is made when no beam of any particle requests anything.
 A byte step thus makes at most one call per model, except when a context created by the shift
 needs an extension at once (its parent did not exist before the call).
 """
@@ -38,7 +38,7 @@ from smc_jax.bytes.beam import (
 )
 from smc_jax.bytes.trie import TokenTrie
 from smc_jax.bytes.vocab import NUM_BYTES
-from smc_jax.experts.contexts import (
+from smc_jax.models.contexts import (
     NO_CONTEXT,
     PROMPT_CONTEXT,
     ContextStore,
