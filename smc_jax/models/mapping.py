@@ -118,10 +118,6 @@ def _d(c: ModelConfig) -> Shape:
     return (c.hidden_size,)
 
 
-def _hd(c: ModelConfig) -> Shape:
-    return (c.head_dim,)
-
-
 def _q_rows(c: ModelConfig) -> int:
     return c.num_heads * c.head_dim
 
@@ -142,7 +138,6 @@ def _hf_decoder_rules(prefix: str, config: ModelConfig) -> list[Rule]:
     rules = [
         Rule(f"{prefix}embed_tokens\\.weight", ("embed",), lambda c: (c.vocab_size, c.hidden_size)),
         Rule(f"{prefix}norm\\.weight", ("final_norm/scale",), _d),
-        Rule(layer + r"input_layernorm\.weight", ("layers/attn_norm/scale",), _d),
         Rule(layer + r"self_attn\.o_proj\.weight", ("layers/o/kernel",), lambda c: (c.hidden_size, _q_rows(c)), _transpose),
         Rule(layer + r"mlp\.down_proj\.weight", ("layers/down/kernel",), lambda c: (c.hidden_size, c.intermediate_size), _transpose),
         Rule(r"(?:model\.)?rotary_emb\.inv_freq|" + layer + r"self_attn\.rotary_emb\.inv_freq", ()),
@@ -158,7 +153,6 @@ def _hf_decoder_rules(prefix: str, config: ModelConfig) -> list[Rule]:
                  lambda c: (_q_rows(c) + 2 * _kv_rows(c), c.hidden_size), _split_qkv),
             Rule(layer + r"mlp\.gate_up_proj\.weight", ("layers/gate/kernel", "layers/up/kernel"),
                  lambda c: (2 * c.intermediate_size, c.hidden_size), _split_gate_up),
-            Rule(layer + r"post_attention_layernorm\.weight", ("layers/mlp_norm/scale",), _d),
         ]
     else:
         for name, rows in (("q", _q_rows), ("k", _kv_rows), ("v", _kv_rows)):
@@ -173,19 +167,40 @@ def _hf_decoder_rules(prefix: str, config: ModelConfig) -> list[Rule]:
             rules.append(Rule(layer + f"mlp\\.{name}_proj\\.bias", (f"layers/{name}/bias",),
                               lambda c: (c.intermediate_size,)))
         rules.append(Rule(layer + r"mlp\.down_proj\.bias", ("layers/down/bias",), _d))
+    rules += _hf_norm_rules(layer, config)
     if config.architecture == "gemma3_text":
+        # Gemma 3 multimodal checkpoints: the vision tower and projector are not ported.
+        rules.append(Rule(r"(?:model\.)?(?:vision_tower|multi_modal_projector)\..*", ()))
+    return rules
+
+
+def _hf_norm_rules(layer: str, config: ModelConfig) -> list[Rule]:
+    """The layer norms, by layout. HF's `post_attention_layernorm` is the MLP's input norm in
+    pre-norm models (Llama, Qwen, Mistral, Phi-3) but the attention output's norm in those with
+    post-norms (Gemma 2/3, whose MLP input norm is `pre_feedforward_layernorm`; OLMo 2)."""
+    rules = []
+    if config.pre_norms:
+        rules.append(Rule(layer + r"input_layernorm\.weight", ("layers/attn_norm/scale",), _d))
+    if config.post_norms:
         rules += [
             Rule(layer + r"post_attention_layernorm\.weight", ("layers/post_attn_norm/scale",), _d),
-            Rule(layer + r"pre_feedforward_layernorm\.weight", ("layers/mlp_norm/scale",), _d),
             Rule(layer + r"post_feedforward_layernorm\.weight", ("layers/post_mlp_norm/scale",), _d),
-            Rule(layer + r"self_attn\.q_norm\.weight", ("layers/q_norm/scale",), _hd),
-            Rule(layer + r"self_attn\.k_norm\.weight", ("layers/k_norm/scale",), _hd),
-            # Gemma 3 multimodal checkpoints: the vision tower and projector are not ported.
-            Rule(r"(?:model\.)?(?:vision_tower|multi_modal_projector)\..*", ()),
         ]
-    elif config.architecture != "phi3":
+        if config.pre_norms:
+            rules.append(Rule(layer + r"pre_feedforward_layernorm\.weight", ("layers/mlp_norm/scale",), _d))
+    else:
         rules.append(Rule(layer + r"post_attention_layernorm\.weight", ("layers/mlp_norm/scale",), _d))
+    if config.qk_norm:
+        rules += [
+            Rule(layer + r"self_attn\.q_norm\.weight", ("layers/q_norm/scale",), _qk_norm_shape(_q_rows)),
+            Rule(layer + r"self_attn\.k_norm\.weight", ("layers/k_norm/scale",), _qk_norm_shape(_kv_rows)),
+        ]
     return rules
+
+
+def _qk_norm_shape(rows: Callable[[ModelConfig], int]) -> Callable[[ModelConfig], Shape]:
+    """[hd] per head, or the whole projection's [heads * hd] (OLMo 2)."""
+    return lambda c: (c.head_dim,) if c.qk_norm_per_head else (rows(c),)
 
 
 def _hf_gpt2_rules(config: ModelConfig) -> list[Rule]:
@@ -231,7 +246,7 @@ def hf_table(config: ModelConfig) -> list[Rule]:
     """Regex table for Hugging Face safetensors names of `config.architecture`."""
     if config.architecture == "gpt2":
         return _hf_gpt2_rules(config)
-    if config.architecture in ("llama", "qwen2", "phi3", "gemma3_text"):
+    if config.architecture in ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma2", "gemma3_text", "olmo2"):
         return _hf_decoder_rules(_HF_PREFIXES.get(config.architecture, r"model\."), config)
     raise unsupported(f"Architecture {config.architecture!r}")
 
@@ -244,11 +259,10 @@ def gguf_table(config: ModelConfig) -> list[Rule]:
     """Regex table for GGUF tensor names of `config.architecture`."""
     arch = config.architecture
     blk = f"blk\\.{_L}\\."
-    norm_transform = _minus_one if arch == "gemma3_text" else _identity
+    norm_transform = _minus_one if arch in ("gemma2", "gemma3_text") else _identity
     rules = [
         Rule(r"token_embd\.weight", ("embed",), lambda c: (c.vocab_size, c.hidden_size)),
         Rule(r"output_norm\.weight", ("final_norm/scale",), _d, norm_transform),
-        Rule(blk + r"attn_norm\.weight", ("layers/attn_norm/scale",), _d, norm_transform),
         Rule(blk + r"ffn_down\.weight", ("layers/down/kernel",), lambda c: (c.hidden_size, c.intermediate_size), _transpose),
         Rule(r"rope_freqs\.weight", ()),  # read into config.rope.freq_factors by the loader
     ]
@@ -256,6 +270,8 @@ def gguf_table(config: ModelConfig) -> list[Rule]:
         rules.append(Rule(r"output\.weight", ()))
     else:
         rules.append(Rule(r"output\.weight", ("lm_head",), lambda c: (c.vocab_size, c.hidden_size)))
+    if config.pre_norms:
+        rules.append(Rule(blk + r"attn_norm\.weight", ("layers/attn_norm/scale",), _d, norm_transform))
     if arch == "gpt2":
         rules += [
             Rule(r"position_embd\.weight", ("pos_embed",), lambda c: (c.max_positions, c.hidden_size)),
@@ -295,16 +311,18 @@ def gguf_table(config: ModelConfig) -> list[Rule]:
         Rule(blk + r"ffn_gate\.weight", ("layers/gate/kernel",), lambda c: (c.intermediate_size, c.hidden_size), _transpose),
         Rule(blk + r"ffn_up\.weight", ("layers/up/kernel",), lambda c: (c.intermediate_size, c.hidden_size), _transpose),
     ]
-    if arch == "gemma3_text":
+    if config.pre_norms:  # the MLP's input norm
+        rules.append(Rule(blk + r"ffn_norm\.weight", ("layers/mlp_norm/scale",), _d, norm_transform))
+    if config.post_norms:
         rules += [
-            Rule(blk + r"ffn_norm\.weight", ("layers/mlp_norm/scale",), _d, _minus_one),
-            Rule(blk + r"post_attention_norm\.weight", ("layers/post_attn_norm/scale",), _d, _minus_one),
-            Rule(blk + r"post_ffw_norm\.weight", ("layers/post_mlp_norm/scale",), _d, _minus_one),
-            Rule(blk + r"attn_q_norm\.weight", ("layers/q_norm/scale",), _hd, _minus_one),
-            Rule(blk + r"attn_k_norm\.weight", ("layers/k_norm/scale",), _hd, _minus_one),
+            Rule(blk + r"post_attention_norm\.weight", ("layers/post_attn_norm/scale",), _d, norm_transform),
+            Rule(blk + r"post_ffw_norm\.weight", ("layers/post_mlp_norm/scale",), _d, norm_transform),
         ]
-    else:
-        rules.append(Rule(blk + r"ffn_norm\.weight", ("layers/mlp_norm/scale",), _d))
+    if config.qk_norm:
+        rules += [
+            Rule(blk + r"attn_q_norm\.weight", ("layers/q_norm/scale",), _qk_norm_shape(_q_rows), norm_transform),
+            Rule(blk + r"attn_k_norm\.weight", ("layers/k_norm/scale",), _qk_norm_shape(_kv_rows), norm_transform),
+        ]
     return rules
 
 

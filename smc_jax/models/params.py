@@ -11,7 +11,7 @@ matmul directly, where a reshaped slice would make XLA on CPU copy each layer's 
     final_norm   {scale [D], bias [D] (LayerNorm only)}
     layers/
       attn_norm, mlp_norm, post_attn_norm, post_mlp_norm   {scale [L, D], bias [L, D]}
-      q_norm, k_norm                                       {scale [L, hd]}
+      q_norm, k_norm                   {scale [L, hd]} (OLMo 2: [L, H * hd] and [L, K * hd])
       q {kernel [L, D, H * hd], bias [L, H * hd]}
       k, v {kernel [L, D, K * hd], bias [L, K * hd]}
       o {kernel [L, H * hd, D], bias [L, D]}
@@ -54,9 +54,11 @@ def layer_shapes(config: ModelConfig) -> dict[str, dict[str, tuple[int, ...]]]:
         config.intermediate_size,
     )
     qkv_bias = config.qkv_bias
-    shapes: dict[str, dict[str, tuple[int, ...]]] = {
-        "attn_norm": _norm_shapes(config, d),
-        "mlp_norm": _norm_shapes(config, d),
+    shapes: dict[str, dict[str, tuple[int, ...]]] = {}
+    if config.pre_norms:
+        shapes["attn_norm"] = _norm_shapes(config, d)
+        shapes["mlp_norm"] = _norm_shapes(config, d)
+    shapes |= {
         "q": _dense((d, h * hd), (h * hd,) if qkv_bias else None),
         "k": _dense((d, k * hd), (k * hd,) if qkv_bias else None),
         "v": _dense((d, k * hd), (k * hd,) if qkv_bias else None),
@@ -66,9 +68,9 @@ def layer_shapes(config: ModelConfig) -> dict[str, dict[str, tuple[int, ...]]]:
     }
     if config.mlp == "gated":
         shapes["gate"] = _dense((d, f), (f,) if config.mlp_bias else None)
-    if config.qk_norm:
-        shapes["q_norm"] = _norm_shapes(config, hd)
-        shapes["k_norm"] = _norm_shapes(config, hd)
+    if config.qk_norm:  # per head, or over the whole projection (OLMo 2)
+        shapes["q_norm"] = _norm_shapes(config, hd if config.qk_norm_per_head else h * hd)
+        shapes["k_norm"] = _norm_shapes(config, hd if config.qk_norm_per_head else k * hd)
     if config.post_norms:
         shapes["post_attn_norm"] = _norm_shapes(config, d)
         shapes["post_mlp_norm"] = _norm_shapes(config, d)

@@ -2,13 +2,17 @@
 
 One layer, for every family (`config` switches the optional parts):
 
-    h = x + PostNorm_a(Attn(Norm_a(x)))          PostNorm only when config.post_norms (Gemma)
-    y = h + PostNorm_m(MLP(Norm_m(h)))
+    h = x + PostNorm_a(Attn(Norm_a(x)))          PostNorm only when config.post_norms (Gemma,
+    y = h + PostNorm_m(MLP(Norm_m(h)))           OLMo 2); Norm only when config.pre_norms (not OLMo 2)
 
 Attention for query i at absolute position p_i over keys j at positions p_j:
 
-    softmax_j( scale * q_i . k_j + mask_ij ) v_j,   visible iff valid_j and p_j <= p_i and
-                                                 (layer is global or p_i - p_j < window)
+    softmax_j( cap(scale * q_i . k_j) + mask_ij ) v_j,   visible iff valid_j and p_j <= p_i and
+                                                      (layer is global or p_i - p_j < window)
+
+with cap(s) = c tanh(s / c) when config.attn_softcap = c (Gemma 2), else cap(s) = s. q and k are
+optionally RMS-normed first (config.qk_norm: per head, or over the whole projection for OLMo 2),
+then rotated (RoPE; cos and sin times the scaling's attention factor, see `config.RopeConfig`).
 
 The layers are stacked and run with `jax.lax.scan`; per-layer RoPE frequencies, query scales and
 sliding/global flags are arrays scanned alongside the weights, so one layer body is compiled.
@@ -90,13 +94,17 @@ def _dense(x: Array, p: dict[str, Array], spec: str) -> Array:
 def _rope(
     x: Float[Array, "rows tokens heads head_dim"],
     positions: Int[Array, "rows tokens"],
-    inv_freq: Float[Array, " half_rotary"],
+    inv_freq: Float[Array, "*rows half_rotary"],
+    attention_factor: Float[Array, ""] | float = 1.0,
 ) -> Float[Array, "rows tokens heads head_dim"]:
-    """Rotate pairs (i, i + r/2) of the first r dims by angle position * inv_freq[i]."""
-    rotary = 2 * inv_freq.shape[0]
-    angles = positions[..., None].astype(F32) * inv_freq  # [R, T, r/2]
+    """Rotate pairs (i, i + r/2) of the first r dims by angle position * inv_freq[i]; cos and sin
+    are multiplied by `attention_factor` (YaRN / LongRoPE), so the rotated dims scale by it.
+    `inv_freq` is shared, or per row ([R, r/2], LongRoPE)."""
+    rotary = 2 * inv_freq.shape[-1]
+    freqs = inv_freq[:, None, :] if inv_freq.ndim == 2 else inv_freq
+    angles = positions[..., None].astype(F32) * freqs  # [R, T, r/2]
     angles = jnp.concatenate([angles, angles], axis=-1)[:, :, None, :]
-    cos, sin = jnp.cos(angles), jnp.sin(angles)
+    cos, sin = jnp.cos(angles) * attention_factor, jnp.sin(angles) * attention_factor
     xr, rest = x[..., :rotary].astype(F32), x[..., rotary:]
     half = rotary // 2
     rotated = jnp.concatenate([-xr[..., half:], xr[..., :half]], axis=-1)
@@ -132,6 +140,8 @@ def _attend(
             ok = ok & (~sliding | (qp - kp < config.sliding_window))
         visible.append(jnp.broadcast_to(ok, (rows, tokens, block.k.shape[-3])))
     s = jnp.concatenate(scores, axis=-1) * scale
+    if config.attn_softcap is not None:
+        s = jnp.tanh(s / config.attn_softcap) * config.attn_softcap
     s = jnp.where(jnp.concatenate(visible, axis=-1)[:, :, None, None, :], s, MASK_VALUE)
     probs = jax.nn.softmax(s, axis=-1)
     out = jnp.zeros(qg.shape, F32)
@@ -156,6 +166,9 @@ class _LayerMeta(NamedTuple):
     """Per-layer constants scanned alongside the weights."""
 
     inv_freq: Float[Array, "layers half_rotary"]
+    inv_freq_long: Float[Array, "layers half_rotary"]
+    long_from: Int[Array, " layers"]
+    rope_factor: Float[Array, " layers"]
     scale: Float[Array, " layers"]
     sliding: Bool[Array, " layers"]
 
@@ -163,9 +176,19 @@ class _LayerMeta(NamedTuple):
 def _layer_meta(config: ModelConfig) -> _LayerMeta:
     return _LayerMeta(
         inv_freq=jnp.asarray(config.layer_inv_freq()),
+        inv_freq_long=jnp.asarray(config.layer_inv_freq_long()),
+        long_from=jnp.asarray(config.layer_long_from()),
+        rope_factor=jnp.asarray(config.layer_rope_attention_factor()),
         scale=jnp.asarray(config.layer_query_scale()),
         sliding=jnp.asarray(config.sliding_layers, bool),
     )
+
+
+def _qk_norm(x: Array, p: dict[str, Array], config: ModelConfig) -> Array:
+    """RMSNorm of each head's vector (Qwen 3, Gemma 3) or of all heads' at once (OLMo 2)."""
+    if config.qk_norm_per_head:
+        return _norm(x, p, config)
+    return _norm(x.reshape(*x.shape[:2], -1), p, config).reshape(x.shape)
 
 
 ContextFn = Callable[[Any], list[Keys]]
@@ -187,24 +210,35 @@ def decoder(
     layer's slice into the key blocks that precede the new tokens.
     """
 
+    if config.rope_switches_to_long:
+        # LongRoPE as transformers runs it: a call whose largest position reaches the original
+        # context uses the long factors for all its tokens, else the short ones; cached keys keep
+        # the factors of the call that computed them. Decided per row (transformers: per batch,
+        # the same for one sequence), so a row's logits never depend on the other rows.
+        call_len = jnp.max(jnp.where(q_valid, q_pos, -1), axis=1) + 1  # [R]
+
     def layer(x: Array, xs: tuple[Params, _LayerMeta, Any]) -> tuple[Array, tuple[Array, Array]]:
         lp, meta, kv = xs
-        h = _norm(x, lp["attn_norm"], config)
+        h = _norm(x, lp["attn_norm"], config) if config.pre_norms else x
         heads = (*x.shape[:2], -1, config.head_dim)
         q = _dense(h, lp["q"], "rtd,dn->rtn").reshape(heads)
         k = _dense(h, lp["k"], "rtd,dn->rtn").reshape(heads)
         v = _dense(h, lp["v"], "rtd,dn->rtn").reshape(heads)
         if config.qk_norm:
-            q, k = _norm(q, lp["q_norm"], config), _norm(k, lp["k_norm"], config)
+            q, k = _qk_norm(q, lp["q_norm"], config), _qk_norm(k, lp["k_norm"], config)
         if config.rope is not None:
-            q, k = _rope(q, q_pos, meta.inv_freq), _rope(k, q_pos, meta.inv_freq)
+            inv_freq = meta.inv_freq
+            if config.rope_switches_to_long:
+                inv_freq = jnp.where((call_len > meta.long_from)[:, None], meta.inv_freq_long, inv_freq)
+            q = _rope(q, q_pos, inv_freq, meta.rope_factor)
+            k = _rope(k, q_pos, inv_freq, meta.rope_factor)
         blocks = [*context(kv), Keys(k, v, q_pos, q_valid)]
         attn = _attend(q, q_pos, blocks, meta.scale, meta.sliding, config)
         out = _dense(attn.reshape(*x.shape[:2], -1), lp["o"], "rtn,nd->rtd")
         if config.post_norms:
             out = _norm(out, lp["post_attn_norm"], config)
         x = x + out
-        out = _mlp(_norm(x, lp["mlp_norm"], config), lp, config)
+        out = _mlp(_norm(x, lp["mlp_norm"], config) if config.pre_norms else x, lp, config)
         if config.post_norms:
             out = _norm(out, lp["post_mlp_norm"], config)
         return x + out, (k, v)

@@ -20,11 +20,20 @@ PERTURBATION = 0.1
 SEED = 0
 GEMMA_WINDOW = 4  # much shorter than the test sequences, so the window matters
 
-ARCHITECTURES = ("llama", "llama_bias", "qwen2", "phi3", "gemma3", "gpt2")
+ARCHITECTURES = (
+    "llama", "llama_bias", "qwen2", "phi3", "gemma3", "gpt2",
+    "qwen3", "mistral", "gemma2", "olmo2", "phi3_longrope",
+)
+YARN_ORIGINAL_CONTEXT = 8  # Qwen 3's tiny YaRN: test sequences (12 tokens) go past it
+LONGROPE_ORIGINAL_CONTEXT = 4  # Phi-3.5's tiny LongRoPE: prompts of 5+ tokens use the long factors
 # GGUF stores less than config.json: llama.cpp fixes Gemma 3's sliding pattern at 6 and keeps no
 # query_pre_attn_scalar or soft caps, so the GGUF test uses a Gemma 3 with those defaults (and a
 # GPT-2 without scale_attn_by_inverse_layer_idx).
-GGUF_ARCHITECTURES = ("llama", "qwen2", "phi3", "gemma3_gguf", "gpt2_gguf")
+# Mistral GGUF files are llama.cpp "llama" files, which keep no sliding window; Gemma 2 GGUF files
+# keep no query_pre_attn_scalar (llama.cpp uses head_dim).
+GGUF_ARCHITECTURES = (
+    "llama", "qwen2", "phi3", "gemma3_gguf", "gpt2_gguf", "qwen3", "mistral_gguf", "gemma2_gguf", "olmo2"
+)
 
 
 def hf_config(arch: str) -> Any:
@@ -86,6 +95,47 @@ def hf_config(arch: str) -> Any:
                 "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
             },
         )
+    if arch == "qwen3":  # per-head q/k norms, head_dim != hidden / heads, YaRN
+        return tf.Qwen3Config(
+            **common,
+            head_dim=16,
+            max_position_embeddings=4 * YARN_ORIGINAL_CONTEXT,
+            rope_parameters={
+                "rope_type": "yarn",
+                "factor": 4.0,
+                "rope_theta": 10_000.0,
+                "original_max_position_embeddings": YARN_ORIGINAL_CONTEXT,
+            },
+            tie_word_embeddings=False,
+        )
+    if arch in ("mistral", "mistral_gguf"):  # sliding window on every layer
+        window = GEMMA_WINDOW if arch == "mistral" else None
+        return tf.MistralConfig(**common, sliding_window=window, tie_word_embeddings=False)
+    if arch in ("gemma2", "gemma2_gguf"):  # sliding, global; both soft caps
+        return tf.Gemma2Config(
+            **common,
+            head_dim=8,
+            sliding_window=GEMMA_WINDOW,
+            query_pre_attn_scalar=12 if arch == "gemma2" else 8,
+            attn_logit_softcapping=2.0,
+            final_logit_softcapping=8.0,
+        )
+    if arch == "olmo2":  # post-norms only, q/k norms over all heads
+        return tf.Olmo2Config(**common, tie_word_embeddings=False)
+    if arch == "phi3_longrope":  # Phi-3.5 / Phi-4-mini: LongRoPE, partial rotary
+        return tf.Phi3Config(
+            **common,
+            partial_rotary_factor=0.75,
+            max_position_embeddings=64,
+            original_max_position_embeddings=LONGROPE_ORIGINAL_CONTEXT,
+            rope_parameters={
+                "rope_type": "longrope",
+                "rope_theta": 10_000.0,
+                "short_factor": [1.0, 1.3, 2.1],
+                "long_factor": [1.5, 3.0, 7.0],
+            },
+            tie_word_embeddings=False,
+        )
     if arch in ("gpt2", "gpt2_gguf"):
         return tf.GPT2Config(
             vocab_size=VOCAB,
@@ -129,7 +179,17 @@ def torch_logits(model: Any, tokens: np.ndarray) -> np.ndarray:
 # Tiny GGUF files in llama.cpp's layout (names and transforms of its convert_hf_to_gguf.py), all
 # tensors float32 so dequantization is exact.
 
-GGUF_ARCH = {"llama": "llama", "qwen2": "qwen2", "phi3": "phi3", "gemma3_gguf": "gemma3", "gpt2_gguf": "gpt2"}
+GGUF_ARCH = {
+    "llama": "llama",
+    "qwen2": "qwen2",
+    "phi3": "phi3",
+    "gemma3_gguf": "gemma3",
+    "gpt2_gguf": "gpt2",
+    "qwen3": "qwen3",
+    "mistral_gguf": "llama",  # llama.cpp's convert_hf_to_gguf writes Mistral as llama
+    "gemma2_gguf": "gemma2",
+    "olmo2": "olmo2",
+}
 
 
 def _permute_llama(w: np.ndarray, heads: int) -> np.ndarray:
@@ -158,7 +218,7 @@ def _gguf_tensors(arch: str, model: Any) -> dict[str, np.ndarray]:
                 out[b + ours + ".weight"] = sd[h + theirs + ".weight"].T  # Conv1D [in, out] -> [out, in]
                 out[b + ours + ".bias"] = sd[h + theirs + ".bias"]
         return out
-    gemma = arch == "gemma3_gguf"
+    gemma = arch in ("gemma3_gguf", "gemma2_gguf")
     norm = (lambda w: w + 1.0) if gemma else (lambda w: w)  # noqa: E731
     out["token_embd.weight"] = sd["model.embed_tokens.weight"]
     out["output_norm.weight"] = norm(sd["model.norm.weight"])
@@ -177,7 +237,7 @@ def _gguf_tensors(arch: str, model: Any) -> dict[str, np.ndarray]:
         "self_attn.v_proj": "attn_v",
         "self_attn.q_norm": "attn_q_norm",
         "self_attn.k_norm": "attn_k_norm",
-        "post_attention_layernorm": "post_attention_norm" if gemma else "ffn_norm",
+        "post_attention_layernorm": "post_attention_norm" if gemma or arch == "olmo2" else "ffn_norm",
         "pre_feedforward_layernorm": "ffn_norm",
         "post_feedforward_layernorm": "post_ffw_norm",
     }
@@ -187,7 +247,7 @@ def _gguf_tensors(arch: str, model: Any) -> dict[str, np.ndarray]:
         _, _, layer, rest = key.split(".", 3)
         module, leaf = rest.rsplit(".", 1)
         name = f"blk.{layer}.{names[module]}.{leaf}"
-        if arch == "llama" and module in ("self_attn.q_proj", "self_attn.k_proj"):
+        if GGUF_ARCH[arch] == "llama" and module in ("self_attn.q_proj", "self_attn.k_proj"):
             heads = config.num_attention_heads if "q_proj" in module else config.num_key_value_heads
             value = _permute_llama(value, heads)
         if "norm" in module:
@@ -235,11 +295,18 @@ def write_gguf(arch: str, model: Any, path: Path) -> Path:
         writer.add_layer_norm_rms_eps(config.rms_norm_eps)
         writer.add_rope_freq_base(rope["rope_theta"])
         writer.add_rope_dimension_count(int(head_dim * rope.get("partial_rotary_factor", 1.0)))
-        if arch == "gemma3_gguf":
+        if arch in ("gemma3_gguf", "gemma2_gguf"):
             writer.add_sliding_window(config.sliding_window)
+        if arch == "gemma2_gguf":
+            writer.add_attn_logit_softcapping(config.attn_logit_softcapping)
+            writer.add_final_logit_softcapping(config.final_logit_softcapping)
         if rope["rope_type"] == "linear":
             writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
             writer.add_rope_scaling_factor(rope["factor"])
+        if rope["rope_type"] == "yarn":
+            writer.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+            writer.add_rope_scaling_factor(rope["factor"])
+            writer.add_rope_scaling_orig_ctx_len(rope["original_max_position_embeddings"])
         if rope["rope_type"] == "llama3":  # llama.cpp stores the per-frequency divisors instead
             writer.add_tensor("rope_freqs.weight", _llama3_divisors(config))
     for tensor_name, array in _gguf_tensors(arch, model).items():
