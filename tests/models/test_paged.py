@@ -27,6 +27,7 @@ def test_paged_decode_matches_full_forward(tiny, arch):
     paths = np.zeros((rows, slots), np.int32)
     histories = [[] for _ in range(rows)]
     step = jax.jit(paged.step)
+    sequences, got = [], []
     for t in range(steps):
         tokens = rng.integers(3, model.config.vocab_size, size=rows)
         active = np.array([True, t % 2 == 0, t < 3])  # rows of different lengths
@@ -34,12 +35,21 @@ def test_paged_decode_matches_full_forward(tiny, arch):
         write = np.array([free.pop() if a else 32 for a in active], np.int32)
         logits, pool = step(prefix, pool, jnp.asarray(paths), jnp.asarray(depth), jnp.asarray(tokens, jnp.int32), jnp.asarray(write))
         for r in range(rows):
-            seq = prompt + histories[r] + [int(tokens[r])]
-            full = model.forward(jnp.asarray([seq], jnp.int32))[0, -1]
-            np.testing.assert_allclose(np.asarray(logits[r]), np.asarray(full), atol=2e-5, rtol=1e-5)
+            sequences.append(prompt + histories[r] + [int(tokens[r])])
+            got.append(np.asarray(logits[r]))
             if active[r]:
                 paths[r, depth[r]] = write[r]
                 histories[r].append(int(tokens[r]))
+    # Reference: one full forward pass over every (prompt + history + token), right-padded
+    # (padding is masked and leaves the valid logits unchanged: test_parity).
+    width = max(len(seq) for seq in sequences)
+    padded = np.zeros((len(sequences), width), np.int32)
+    for i, seq in enumerate(sequences):
+        padded[i, : len(seq)] = seq
+    lengths = np.array([len(seq) for seq in sequences])
+    full = np.asarray(model.forward(jnp.asarray(padded), mask=jnp.asarray(np.arange(width)[None] < lengths[:, None])))
+    for i, n in enumerate(lengths):
+        np.testing.assert_allclose(got[i], full[i, n - 1], atol=2e-5, rtol=1e-5)
 
 
 def test_prompts_vmapped_read_the_pool_in_place(tiny):

@@ -316,3 +316,30 @@ def write_gguf(arch: str, model: Any, path: Path) -> Path:
     writer.write_tensors_to_file()
     writer.close()
     return path
+
+
+# ---------------------------------------------------------------------------------------------
+# A tiny GPT-2-style byte-level BPE tokenizer whose ids fit the tiny models' vocabulary: pad,
+# bos, eos at ids 0-2 (as in the tiny configs), the letters, space and '.', and a few merges so
+# that strings have several tokenizations (what the byte-level LM sums over).
+
+TOKENIZER_MERGES = (("a", "b"), ("\u0120", "a"), ("b", "a"), ("\u0120", "b"))
+
+
+def save_tokenizer(directory: Path) -> Any:
+    """Save the tiny tokenizer into `directory` (next to a tiny checkpoint); return it."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    pieces = ["<pad>", "<bos>", "<eos>", *"abcdefghijklmnopqrstuvwxyz", "\u0120", "."]
+    pieces += ["".join(pair) for pair in TOKENIZER_MERGES]
+    vocab = {piece: index for index, piece in enumerate(pieces)}
+    assert len(vocab) <= VOCAB
+    backend = Tokenizer(models.BPE(vocab=vocab, merges=list(TOKENIZER_MERGES)))
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=backend, pad_token="<pad>", bos_token="<bos>", eos_token="<eos>"
+    )
+    tokenizer.save_pretrained(directory)
+    return tokenizer
