@@ -638,8 +638,8 @@ def from_gguf_metadata(
     """ModelConfig from GGUF key/values (`general.architecture`, `<arch>.block_count`, ...).
 
     `tensor_shapes` maps tensor names to HF-order shapes; it tells whether the output head is tied
-    (no `output.weight`), the vocabulary size, and llama.cpp's `rope_freqs` factors are passed
-    in `meta["rope_freqs"]` by the loader when present. Values GGUF does not store follow the
+    (no `output.weight`), the vocabulary size, and llama.cpp's `rope_freqs` factors (and
+    LongRoPE's `rope_factors_long` / `_short`) are passed in `meta` by the loader when present. Values GGUF does not store follow the
     HF defaults, as transformers' own GGUF loading does (e.g. Gemma 3's local RoPE base 1e4, its
     sliding pattern 6 and query_pre_attn_scalar 256).
     """
@@ -677,6 +677,10 @@ def from_gguf_metadata(
     for key in ("beta_fast", "beta_slow"):
         if get(f"rope.scaling.yarn_{key}") is not None:
             rope[key] = float(get(f"rope.scaling.yarn_{key}"))
+    if meta.get("rope_factors_long") is not None:  # LongRoPE: llama.cpp keeps the factors as tensors
+        rope.update(rope_type="longrope", long_factor=meta["rope_factors_long"], short_factor=meta["rope_factors_short"])
+        if get("rope.scaling.attn_factor") is not None:
+            rope["attention_factor"] = float(get("rope.scaling.attn_factor"))
     rotary = get("rope.dimension_count")
     if rotary is not None and int(rotary) != head_dim:
         rope["partial_rotary_factor"] = int(rotary) / head_dim

@@ -18,6 +18,8 @@ from smc_jax.models.mapping import convert, gguf_table
 
 TOKENIZER_PREFIX = "tokenizer."  # large arrays (the vocabulary) we leave to transformers
 ROPE_FREQS = "rope_freqs.weight"
+# llama.cpp's form of LongRoPE (Phi-3.5, Phi-4-mini): the per-frequency factors as tensors.
+ROPE_FACTORS = {"rope_factors_long": "rope_factors_long.weight", "rope_factors_short": "rope_factors_short.weight"}
 
 
 def _metadata(reader: gguf.GGUFReader) -> dict[str, Any]:
@@ -45,6 +47,9 @@ def load_gguf_checkpoint(path: str | Path) -> tuple[ModelConfig, dict[str, np.nd
     shapes = {name: tuple(int(n) for n in reversed(t.shape)) for name, t in tensors.items()}
     if ROPE_FREQS in tensors:  # llama.cpp's form of Llama 3.1 RoPE scaling: per-frequency divisors
         meta["rope_freqs"] = _dequantize(tensors[ROPE_FREQS]).tolist()
+    for key, name in ROPE_FACTORS.items():
+        if name in tensors:
+            meta[key] = _dequantize(tensors[name]).tolist()
     config = ModelConfig.from_gguf_metadata(meta, shapes)
     source = ((name, shapes[name], lambda t=t: _dequantize(t)) for name, t in tensors.items())
     return config, convert(source, gguf_table(config), config, source=str(path)), meta

@@ -265,6 +265,7 @@ def gguf_table(config: ModelConfig) -> list[Rule]:
         Rule(r"output_norm\.weight", ("final_norm/scale",), _d, norm_transform),
         Rule(blk + r"ffn_down\.weight", ("layers/down/kernel",), lambda c: (c.hidden_size, c.intermediate_size), _transpose),
         Rule(r"rope_freqs\.weight", ()),  # read into config.rope.freq_factors by the loader
+        Rule(r"rope_factors_(?:long|short)\.weight", ()),  # read into config.rope (LongRoPE) likewise
     ]
     if config.tie_embeddings:
         rules.append(Rule(r"output\.weight", ()))

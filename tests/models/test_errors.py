@@ -73,18 +73,18 @@ def test_missing_weights_file(tiny, tmp_path):
 
 def test_unsupported_architecture_names_the_supported_ones(tiny, tmp_path):
     directory = _copy(tiny, "llama", tmp_path)
-    _edit_config(directory, model_type="mistral", architectures=["MistralForCausalLM"])
+    _edit_config(directory, model_type="mixtral", architectures=["MixtralForCausalLM"])
     with pytest.raises(UnsupportedArchitectureError) as error:
         load_model(directory)
-    assert "'mistral'" in str(error.value)
+    assert "'mixtral'" in str(error.value)
     for arch in SUPPORTED_ARCHITECTURES:
         assert arch in str(error.value)
 
 
 def test_unsupported_rope_scaling(tiny, tmp_path):
     directory = _copy(tiny, "llama", tmp_path)
-    _edit_config(directory, rope_parameters={"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e4})
-    with pytest.raises(UnsupportedArchitectureError, match="RoPE scaling 'yarn'.*llama3"):
+    _edit_config(directory, rope_parameters={"rope_type": "dynamic", "factor": 4.0, "rope_theta": 1e4})
+    with pytest.raises(UnsupportedArchitectureError, match="RoPE scaling 'dynamic'.*llama3, yarn, longrope"):
         load_model(directory)
 
 

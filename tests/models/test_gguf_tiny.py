@@ -1,6 +1,8 @@
 """GGUF loading of every architecture: tiny float32 GGUF files written in llama.cpp's layout
 (Q/K row permutation for llama, norms + 1 for Gemma, fused QKV / gate-up for Phi-3, transposed
-Conv1D weights for GPT-2, rope_freqs for Llama 3 scaling) give the original model's logits."""
+Conv1D weights for GPT-2, rope_freqs for Llama 3 scaling, norms + 1 and soft caps for Gemma 2,
+q/k norms for Qwen 3 and OLMo 2, YaRN keys for Qwen 3, Mistral as llama.cpp's llama) give the
+original model's logits, and those of its safetensors load."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import tiny_checkpoints as tc
 from smc_jax.models.gguf_loader import load_gguf_checkpoint
 from smc_jax.models.lm import forward
 from smc_jax.models.params import to_device
+from smc_jax.models.safetensors_loader import load_hf_checkpoint
 
 ATOL = 1e-5
 
@@ -26,3 +29,8 @@ def test_gguf_matches_the_original_model(arch, tmp_path):
     got = forward(to_device(flat, jnp.float32), config, jnp.asarray(tokens), jnp.asarray(positions),
                   jnp.ones(tokens.shape, bool))
     np.testing.assert_allclose(np.asarray(got), tc.torch_logits(reference, tokens), atol=ATOL, rtol=0)
+    # ... and the same model's safetensors load (e.g. Mistral, read by llama.cpp as a llama).
+    hf_config, hf_flat = load_hf_checkpoint(tmp_path / "hf")
+    from_hf = forward(to_device(hf_flat, jnp.float32), hf_config, jnp.asarray(tokens), jnp.asarray(positions),
+                      jnp.ones(tokens.shape, bool))
+    np.testing.assert_allclose(np.asarray(got), np.asarray(from_hf), atol=ATOL, rtol=0)

@@ -6,6 +6,7 @@ norms included) with a fixed torch seed, so a wrong offset, transpose or split c
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +33,8 @@ LONGROPE_ORIGINAL_CONTEXT = 4  # Phi-3.5's tiny LongRoPE: prompts of 5+ tokens u
 # Mistral GGUF files are llama.cpp "llama" files, which keep no sliding window; Gemma 2 GGUF files
 # keep no query_pre_attn_scalar (llama.cpp uses head_dim).
 GGUF_ARCHITECTURES = (
-    "llama", "qwen2", "phi3", "gemma3_gguf", "gpt2_gguf", "qwen3", "mistral_gguf", "gemma2_gguf", "olmo2"
+    "llama", "qwen2", "phi3", "gemma3_gguf", "gpt2_gguf", "qwen3", "mistral_gguf", "gemma2_gguf", "olmo2",
+    "phi3_longrope",
 )
 
 
@@ -189,6 +191,7 @@ GGUF_ARCH = {
     "mistral_gguf": "llama",  # llama.cpp's convert_hf_to_gguf writes Mistral as llama
     "gemma2_gguf": "gemma2",
     "olmo2": "olmo2",
+    "phi3_longrope": "phi3",
 }
 
 
@@ -307,6 +310,13 @@ def write_gguf(arch: str, model: Any, path: Path) -> Path:
             writer.add_rope_scaling_type(gguf.RopeScalingType.YARN)
             writer.add_rope_scaling_factor(rope["factor"])
             writer.add_rope_scaling_orig_ctx_len(rope["original_max_position_embeddings"])
+        if rope["rope_type"] == "longrope":  # as convert_hf_to_gguf.py: factors as tensors
+            original = config.original_max_position_embeddings
+            factor = config.max_position_embeddings / original
+            writer.add_rope_scaling_attn_factors(math.sqrt(1 + math.log(factor) / math.log(original)))
+            writer.add_rope_scaling_orig_ctx_len(original)
+            writer.add_tensor("rope_factors_long.weight", np.asarray(rope["long_factor"], np.float32))
+            writer.add_tensor("rope_factors_short.weight", np.asarray(rope["short_factor"], np.float32))
         if rope["rope_type"] == "llama3":  # llama.cpp stores the per-frequency divisors instead
             writer.add_tensor("rope_freqs.weight", _llama3_divisors(config))
     for tensor_name, array in _gguf_tensors(arch, model).items():
