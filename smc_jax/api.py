@@ -37,8 +37,6 @@ from smc_jax.experts.base import ExpertStack
 from smc_jax.experts.token import TokenExperts
 from smc_jax.models.cache import CacheCapacityError
 from smc_jax.models.lm import LanguageModel, prompt_bucket
-from smc_jax.models.paged import PagedTransformer
-from smc_jax.models import transformer
 from smc_jax.sharding import ParamRules, check_mesh, resolve_rules, sample_sharded, shard_experts
 from smc_jax.smc.engine import SMC
 from smc_jax.smc.result import SMCResult
@@ -99,11 +97,6 @@ def _same_tokenizer(a: LanguageModel, b: LanguageModel) -> bool:
     return a.tokenizer.hf.get_vocab() == b.tokenizer.hf.get_vocab()
 
 
-_prefill_prompts = jax.jit(
-    jax.vmap(transformer.prefill, in_axes=(None, None, 0, 0)), static_argnames="config"
-)
-
-
 def prefill_prompts(
     model: LanguageModel, prompts: Sequence[Prompt] | Sequence[Sequence[int]], max_new_tokens: int, token_ids: bool = False
 ):
@@ -123,7 +116,7 @@ def prefill_prompts(
     for i, seq in enumerate(ids):
         padded[i, : len(seq)] = seq
     lengths = jnp.asarray([len(seq) for seq in ids], jnp.int32)
-    return _prefill_prompts(model.params, model.config, jnp.asarray(padded), lengths)
+    return model.prefill_batch(jnp.asarray(padded), lengths)
 
 
 _BYTE_VOCABS: "weakref.WeakKeyDictionary[LanguageModel, tuple[TokenTrie, np.ndarray]]" = weakref.WeakKeyDictionary()
@@ -243,7 +236,7 @@ class EnsembleSampler:
             prefixes, logits = prefill_prompts(model, [[bos]] * len(prompts), max_tokens, token_ids=True)
         else:
             prefixes, logits = prefill_prompts(model, prompts, self.max_length)
-        paged = PagedTransformer(params=model.params, config=model.config)
+        paged = model.paged()
         eos = tuple(model.tokenizer.eos_token_ids) if model.tokenizer else ()
         if not eos:
             raise ValueError(f"{model.name} has no end-of-sequence token; cannot end strings")

@@ -15,6 +15,7 @@ from jaxtyping import Array, Bool, Float, Int
 from smc_jax.models import transformer
 from smc_jax.models.cache import CacheCapacityError, KVCache, PrefixCache
 from smc_jax.models.config import ModelConfig
+from smc_jax.models.paged import PagedTransformer
 from smc_jax.models.params import Params, cast, stack_layers, unstack_layers
 from smc_jax.models.tokenizer import Tokenizer
 
@@ -28,6 +29,8 @@ forward = jax.jit(transformer.forward, static_argnames="config")
 prefill = jax.jit(transformer.prefill, static_argnames="config")
 extend = jax.jit(transformer.extend, static_argnames="config")
 decode = jax.jit(transformer.decode, static_argnames="config")
+# K prompts padded to one size at once (the expert groups' prompt caches, stacked on axis 0).
+prefill_many = jax.jit(jax.vmap(transformer.prefill, in_axes=(None, None, 0, 0)), static_argnames="config")
 
 
 @partial(jax.jit, static_argnames="config", donate_argnames="cache")
@@ -79,6 +82,16 @@ class LanguageModel:
     def astype(self, dtype: Any) -> LanguageModel:
         """The same model with params cast to `dtype` (e.g. jnp.bfloat16)."""
         return dataclasses.replace(self, params=cast(self.params, dtype))
+
+    def paged(self) -> PagedTransformer:
+        """The model behind the paged-model interface the samplers call (`models.contexts`)."""
+        return PagedTransformer(params=self.params, config=self.config)
+
+    def prefill_batch(
+        self, padded: Int[Array, "prompts tokens"], lengths: Int[Array, " prompts"]
+    ) -> tuple[PrefixCache, Float[Array, "prompts vocab"]]:
+        """Prompt caches of K right-padded prompts (stacked on axis 0) and their next-token logits."""
+        return prefill_many(self.params, self.config, padded, lengths)
 
     def with_prompt_capacity(self, capacity: int) -> LanguageModel:
         return dataclasses.replace(self, prompt_capacity=capacity)
