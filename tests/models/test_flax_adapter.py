@@ -74,6 +74,7 @@ def test_paged_steps_equal_full_forward(which, request):
     pool, step = paged.init_pool(entries), jax.jit(paged.step)
     free = list(rng.permutation(entries))
     paths, histories = np.zeros((rows, slots), np.int32), [[] for _ in range(rows)]
+    sequences, got = [], []
     for t in range(slots):
         tokens = rng.integers(3, tc.VOCAB, size=rows)
         active = np.array([True, t % 2 == 0, t < 1])
@@ -81,11 +82,18 @@ def test_paged_steps_equal_full_forward(which, request):
         write = np.array([free.pop() if a else entries for a in active], np.int32)
         logits, pool = step(prefix, pool, jnp.asarray(paths), jnp.asarray(depth), jnp.asarray(tokens, jnp.int32), jnp.asarray(write))
         for r in range(rows):
-            seq = prompt + histories[r] + [int(tokens[r])]
-            np.testing.assert_allclose(np.asarray(logits[r]), np.asarray(model.forward([seq]))[0, -1], atol=1e-5)
+            sequences.append(prompt + histories[r] + [int(tokens[r])])
+            got.append(np.asarray(logits[r]))
             if active[r]:
                 paths[r, depth[r]] = write[r]
                 histories[r].append(int(tokens[r]))
+    # One forward pass over all the sequences, right-padded (causal: padding changes nothing before it).
+    padded = np.zeros((len(sequences), max(map(len, sequences))), np.int32)
+    for i, seq in enumerate(sequences):
+        padded[i, : len(seq)] = seq
+    full = np.asarray(model.forward(padded))
+    for i, seq in enumerate(sequences):
+        np.testing.assert_allclose(got[i], full[i, len(seq) - 1], atol=1e-5)
 
 
 def test_wrapped_transformer_gives_the_native_results(tiny, tmp_path):
@@ -109,13 +117,13 @@ def test_wrapped_transformer_gives_the_native_results(tiny, tmp_path):
 
 
 def test_flax_models_as_experts_at_token_and_byte_level(linen_lm, nnx_lm):
-    """A linen and an NNX model in one byte-level product ensemble; the NNX model alone at token
-    level has log Z = 0 (one expert: SMC weights are all equal)."""
-    result = smc_jax.sample([(linen_lm, "ab"), (nnx_lm, "ba")], "product", level="byte", num_particles=4,
-                            max_length=3, seed=0)
+    """The NNX model under two prompts as a byte-level product ensemble: bytes the tokenizer can
+    spell; the linen model alone at token level has log Z = 0 (one expert: equal SMC weights)."""
+    result = smc_jax.sample([(nnx_lm, "ab"), (nnx_lm, "ba")], "product", level="byte", num_particles=4,
+                            max_length=2, seed=0)
     alphabet = set(b"abcdefghijklmnopqrstuvwxyz .")
     assert len(result.sequences) == 4 and all(set(s) <= alphabet for s in result.sequences)
     assert np.isfinite(result.log_Z)
-    single = smc_jax.sample([(nnx_lm, "ab")], "product", level="token", num_particles=4, max_length=3,
+    single = smc_jax.sample([(linen_lm, "ab")], "product", level="token", num_particles=4, max_length=3,
                             at_max_length="truncate", seed=1)
     assert abs(single.log_Z) < 1e-4
