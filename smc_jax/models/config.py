@@ -514,11 +514,11 @@ def _gemma3(hf: Mapping[str, Any]) -> ModelConfig:
     default = [SLIDING_ATTENTION if (i + 1) % pattern else FULL_ATTENTION for i in range(n)]
     params = hf.get("rope_parameters")
     if params and FULL_ATTENTION in params:  # transformers v5 layout: one dict per layer kind
-        rope_global = rope_from_hf(params[FULL_ATTENTION], GEMMA3_DEFAULT_GLOBAL_ROPE_THETA)
-        rope_local = rope_from_hf(params.get(SLIDING_ATTENTION), GEMMA3_DEFAULT_LOCAL_ROPE_THETA)
+        rope_global = rope_from_hf(params[FULL_ATTENTION], GEMMA3_DEFAULT_GLOBAL_ROPE_THETA, hf)
+        rope_local = rope_from_hf(params.get(SLIDING_ATTENTION), GEMMA3_DEFAULT_LOCAL_ROPE_THETA, hf)
     else:  # v4 layout: rope_theta, rope_local_base_freq, rope_scaling for global layers only
         rope_global = rope_from_hf(
-            hf.get("rope_scaling"), hf.get("rope_theta", GEMMA3_DEFAULT_GLOBAL_ROPE_THETA)
+            hf.get("rope_scaling"), hf.get("rope_theta", GEMMA3_DEFAULT_GLOBAL_ROPE_THETA), hf
         )
         rope_local = RopeConfig(theta=hf.get("rope_local_base_freq", GEMMA3_DEFAULT_LOCAL_ROPE_THETA))
     return ModelConfig(

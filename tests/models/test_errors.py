@@ -161,3 +161,10 @@ def test_model_without_tokenizer_or_chat_template(tiny):
 
     with pytest.raises(NoChatTemplateError, match="no chat template"):
         Tokenizer(PlainHF(), vocab_size=10).apply_chat_template([{"role": "user", "content": "hi"}])
+
+
+def test_unsupported_gguf_architecture_names_the_supported_ones():
+    from smc_jax.models import ModelConfig
+
+    with pytest.raises(UnsupportedArchitectureError, match="GGUF architecture 'deepseek2'.*qwen3.*gemma2.*olmo2"):
+        ModelConfig.from_gguf_metadata({"general.architecture": "deepseek2"}, {})
