@@ -13,6 +13,7 @@ Spearman correlations of log Z-hat with expected accuracy) and their plots.
 The scripts benchmarks/evaluate.py (Table 5) and benchmarks/particle_study.py drive this.
 """
 
+from smc_jax.evaluation.jsonl import TornLineWarning
 from smc_jax.evaluation.methods import (
     METHODS, STUDY_LEVELS, Method, Settings, StudyLevel, build_sampler, chat_as_text, experts_for, get_method,
 )
@@ -22,7 +23,7 @@ from smc_jax.evaluation.stats import CorrelationSummary, Interval, per_instance_
 
 __all__ = [
     "METHODS", "STUDY_LEVELS", "Method", "Settings", "StudyLevel", "build_sampler", "chat_as_text", "experts_for", "get_method",
-    "NO_F", "Record", "RecordStore", "SettingsMismatchError",
+    "NO_F", "Record", "RecordStore", "SettingsMismatchError", "TornLineWarning",
     "PAPER_FS", "Job", "ModelRunner", "load_instances", "plan", "run_jobs", "select",
     "CorrelationSummary", "Interval", "per_instance_spearman", "spearman", "t_interval", "zscore",
 ]
