@@ -40,7 +40,7 @@ def add_common_arguments(parser: argparse.ArgumentParser, *, particles: Sequence
                              "weighted by its probability")
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--ess-threshold", type=float, default=0.9, help="resample when ESS < threshold x M")
-    parser.add_argument("--data-dir", default=None, help="task data folder (default $SMC_JAX_DATA or ../shared/data)")
+    parser.add_argument("--data-dir", default=None, help="task data folder (default $SMC_JAX_DATA, else the data bundled with smc_jax)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
