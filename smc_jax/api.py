@@ -1,4 +1,4 @@
-"""The ensemble sampler in a few calls: experts are (model, prompt) pairs.
+"""The ensemble sampler in a few calls: experts are (model, prompt) pairs::
 
     import smc_jax as sj
     smol = sj.load_model("smollm2-135m-instruct")

@@ -1,4 +1,4 @@
-"""Command line: `smc-jax sample` draws weighted samples from an f-ensemble of language models.
+"""Command line: `smc-jax sample` draws weighted samples from an f-ensemble of language models::
 
     smc-jax sample                                   # cross-tokenizer product of the embedded models
     smc-jax sample -e smollm2-135m-instruct "My favorite physicist is" \\

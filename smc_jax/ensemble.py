@@ -11,7 +11,7 @@ and the SMC shaping function is psi(x) = f(P_1(x), ..., P_K(x)) on prefix probab
 * `log_shaping(log_p)` = log psi-style f (on prefix log-probabilities)
 
 For the generalized means (Table 1) the two coincide. For a non-annihilative f (e.g. the
-contrastive (p1 - p2)^2) the shaping is |f| + epsilon (App. C.2), which keeps the proposal
+contrastive (p1 - p2)^2) the shaping is ``|f|`` + epsilon (App. C.2), which keeps the proposal
 absolutely continuous with respect to the target.
 
 Ensembles are pytrees (their exponent and weights are array leaves), so they can be passed to
@@ -174,7 +174,7 @@ class GeneralizedMean:
 class CustomEnsemble:
     """A user-supplied f given as log|f| on log-probabilities (trailing expert axis).
 
-    For a non-annihilative f, pass `epsilon > 0`: the shaping becomes psi = |f(P)| + epsilon
+    For a non-annihilative f, pass `epsilon > 0`: the shaping becomes psi = ``|f(P)|`` + epsilon
     (paper App. C.2), which is positive everywhere; the target stays phi = f(p), which must be
     non-negative. With `epsilon = 0` the user asserts f is annihilative (shaping = f).
     """
@@ -194,7 +194,7 @@ class CustomEnsemble:
 
 
 def log_abs_diff(log_a: Array, log_b: Array) -> Array:
-    """log |a - b| from log a and log b, without leaving log space."""
+    """log ``|a - b|`` from log a and log b, without leaving log space."""
     hi = jnp.maximum(log_a, log_b)
     lo = jnp.minimum(log_a, log_b)
     gap = jnp.where(jnp.isfinite(hi), lo - hi, -jnp.inf)  # <= 0

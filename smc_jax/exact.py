@@ -1,6 +1,7 @@
 """Exact answers by enumeration, for experts whose strings can be listed (toy experts).
 
 These are the independent references the tests compare the sampler against:
+
 * `string_logprobs`: log p_k(x) of every string up to a length, through the expert interface;
 * `exact_target`: the f-ensemble Phi restricted to those strings and its normalizer Z;
 * `proposal_logprob`: the closed form of the locally optimal proposal q(x) built from prefix

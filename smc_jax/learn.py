@@ -4,7 +4,7 @@ f-ensemble to reference strings by maximum likelihood, with optax.
 Parameters theta = (weight logits l, tau) give f_theta = M_tau(.; w) with w = softmax(l) on the
 simplex. Either part can be held fixed. tau is learned over the reals: the named limits min
 (tau = -inf) and max (+inf) are not reachable by gradient descent (only approached, with a
-gradient in tau that vanishes as |tau| grows); likewise a weight of exactly 0 is only a limit
+gradient in tau that vanishes as ``|tau|`` grows); likewise a weight of exactly 0 is only a limit
 (logit -> -inf). A fixed tau may be +-inf.
 
 Global objective: the f-ensemble over strings of at most L = max_length symbols,
@@ -23,11 +23,11 @@ The reported loss is the mean negative log-likelihood -mean_i log phi_theta(x_i)
 log Z_hat is a consistent but biased estimate of log Z (Z_hat is unbiased, so by Jensen
 E[log Z_hat] <= log Z): fine for a learning curve, not for comparing models at few particles.
 
-Local objective: the token-local ensemble as sampled by `SMC(method="local")`,
+Local objective: the token-local ensemble as sampled by `SMC(method="local")`::
 
     log q_theta(x) = sum_{t=0}^{|x|} [log f_theta(p(x_t | x_<t)) - log sum_a f_theta(p(a | x_<t))]
 
-with x_|x| = EOS, except that EOS is forced (probability 1) after L symbols, so q_theta is a
+with ``x_|x|`` = EOS, except that EOS is forced (probability 1) after L symbols, so q_theta is a
 distribution over the same strings as Phi_theta. Exact: teacher forcing gives every p_k(. | x_<t).
 """
 

@@ -6,6 +6,7 @@ loop state is pinned to the same layout after every step, so each device keeps M
 for the whole run (one compilation per sampler configuration, mesh and expert structure).
 
 What is sharded:
+
 * particle-major arrays: symbols [M, L], lengths, done, eos, log_weights [M], log_prefix [M, K],
   the trace's [T, M] arrays (on M), and every expert-state leaf outside a context store (toy
   experts' states [M], token context ids [M, K], byte beams [M, K, ...]): split on "particles";
@@ -58,7 +59,7 @@ MODEL = "model"
 ParamRules = tuple[tuple[str, P], ...]
 
 REPLICATED: ParamRules = ((r".*", P()),)
-#: Megatron-style split of the transformer: q/k/v and gate/up by output columns (attention
+#: A Megatron-style split of the transformer, q/k/v and gate/up by output columns (attention
 #: heads, MLP hidden units), o and down by input rows, so each layer needs one all-reduce after
 #: attention and one after the MLP; the KV pool by KV heads, so each device stores and reads the
 #: keys/values of its own heads. Embeddings and norms replicated. Needs a model axis dividing

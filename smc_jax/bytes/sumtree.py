@@ -54,7 +54,7 @@ class SumTree:
 
     @property
     def num_levels(self) -> int:
-        """L = log2(P): the number of halvings from the leaves to the root."""
+        """The number of halvings from the leaves to the root, L = log2(P)."""
         return self.num_leaves.bit_length() - 1
 
 

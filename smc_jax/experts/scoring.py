@@ -56,7 +56,7 @@ def pad_sequences(
 def target_symbols(
     sequences: Int[Array, "N T"], lengths: Int[Array, "N"], alphabet_size: int
 ) -> Int[Array, "N T1"]:
-    """The symbol emitted at each step t = 0..T: x_t for t < |x|, EOS from t = |x| on."""
+    """The symbol emitted at each step t = 0..T: x_t for ``t < |x|``, EOS from ``t = |x|`` on."""
     n, width = sequences.shape
     padded = jnp.concatenate([sequences, jnp.zeros((n, 1), sequences.dtype)], axis=1)
     here = jnp.arange(width + 1)[None, :] < lengths[:, None]

@@ -91,7 +91,7 @@ class SMC:
 
     @property
     def num_steps(self) -> int:
-        """Upper bound on the number of steps: L symbols, plus the forced EOS step."""
+        """The upper bound on the number of steps (L symbols, plus the forced EOS step)."""
         return self.max_length + (1 if self.at_max_length == "eos" else 0)
 
     # ---------------------------------------------------------------- pure functions
