@@ -88,7 +88,7 @@ def objects():
             if isinstance(member, (staticmethod, classmethod)):
                 member = member.__func__
             if inspect.isfunction(member) and member.__module__ == cls.__module__:  # not generated (replace)
-                if not own_doc(member) and protocol_doc(cls, attr):
+                if protocol_doc(cls, attr):
                     continue  # implements a documented protocol method (ExpertGroup, Ensemble)
                 seen.setdefault(f"{cls.__module__}.{cls.__qualname__}.{attr}", (f"smc_jax.{name}.{attr}", member))
     return sorted(seen.values(), key=lambda item: item[0])
