@@ -61,6 +61,9 @@ nitpick_ignore_regex = [
     (r"py:.*", r"(jax|jnp|np|numpy|optax|chex|flax|jaxtyping|typing|collections|pathlib|enum|abc|dataclasses)\..*"),
     (r"py:.*", r"(Array|ArrayLike|PRNGKey|PyTree|Callable|Sequence|Mapping|Iterable|Iterator|Any|Optional|Union)"),
     (r"py:obj", r"smc_jax\.tasks\.base\.InstanceT"),  # a TypeVar
+    # The types in numpy docstrings are prose ("jax.Array, shape [M, K]", {"eos", "truncate"}),
+    # not references; references to smc_jax's own classes must still resolve.
+    (r"py:class", r"(?!smc_jax\.).*"),
     (r"py:class", r"(optional|array|array-like|callable|str|int|float|bool|tuple|list|dict|None|default.*|shape.*)"),
 ]
 

@@ -21,7 +21,13 @@ class DataNotFoundError(FileNotFoundError):
 
 def resolve_data_dir(data_dir: str | Path | None = None) -> Path:
     """The evaluation data folder (see the module docstring for the order); an error naming the
-    place it looked and how to point at the data when that folder does not exist."""
+    place it looked and how to point at the data when that folder does not exist.
+
+    Parameters
+    ----------
+    data_dir : str or pathlib.Path, optional
+        An explicit folder (else $SMC_JAX_DATA, else ../shared/data).
+    """
     if data_dir is not None:
         folder, origin = Path(data_dir), "the data_dir argument"
     elif os.environ.get(DATA_DIR_ENV):
