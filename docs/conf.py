@@ -46,6 +46,20 @@ nb_merge_streams = True
 # API reference.
 autosummary_generate = True
 autosummary_ignore_module_all = False
+
+
+def _modules_with_all():
+    import importlib
+    import pkgutil
+
+    import smc_jax
+
+    names = ["smc_jax"] + [f"smc_jax.{m.name}" for m in pkgutil.iter_modules(smc_jax.__path__)]
+    return [n for n in names if hasattr(importlib.import_module(n), "__all__")]
+
+
+# Modules with an __all__ document its constants (imported ones included); others their own.
+autosummary_context = {"modules_with_all": _modules_with_all()}
 autodoc_default_options = {"members": True, "show-inheritance": False}
 autodoc_member_order = "bysource"
 autodoc_typehints = "none"  # signatures stay readable; shapes and types are in the docstrings
@@ -77,3 +91,21 @@ html_theme_options = {
     "show_toc_level": 2,
     "navigation_with_keys": False,
 }
+
+
+def _drop_type_docstrings(app, what, name, obj, options, lines):
+    """A constant without a doc comment would show its type's docstring (dict, int): drop it."""
+    import inspect
+    import types
+
+    if isinstance(obj, types.GenericAlias):  # a type alias such as Chat = list[Message]
+        lines[:] = [f"Type alias: ``{obj!r}``."]
+        return
+    if what in ("data", "attribute") and lines:
+        type_doc = inspect.getdoc(type(obj)) or ""
+        if type_doc and lines[0].strip() == type_doc.splitlines()[0].strip():
+            lines.clear()
+
+
+def setup(app):
+    app.connect("autodoc-process-docstring", _drop_type_docstrings)
