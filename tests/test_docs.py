@@ -2,8 +2,8 @@
 
 The site is built once per session (the same sphinx-build call as `.ci/docs`, into a temporary
 folder). Pages are opened in headless Chromium when it is installed (`.ci/setup` installs it
-on Debian as root): its `--dump-dom` gives the DOM after the page's scripts ran, and a
-screenshot checks that something was drawn. Without Chromium the built HTML files are parsed
+on Debian as root): its `--dump-dom` gives the DOM after the page's scripts ran (MathJax
+typesets the formulas), and a screenshot checks that something was drawn. Without Chromium the built HTML files are parsed
 as they are (the same checks, without JavaScript).
 """
 
@@ -51,7 +51,7 @@ def open_page(path: Path, screenshot: Path | None = None):
     if browser is None:
         return bs4.BeautifulSoup(path.read_text(encoding="utf-8"), "html.parser")
     args = [browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-            "--no-first-run", "--window-size=1280,1000"]
+            "--no-first-run", "--window-size=1280,1000", "--virtual-time-budget=5000"]
     dom = subprocess.run(args + ["--dump-dom", path.as_uri()], capture_output=True, text=True, timeout=120)
     assert dom.returncode == 0 and "<html" in dom.stdout, dom.stderr[-2000:]
     if screenshot is not None:
@@ -78,6 +78,8 @@ def test_start_page(site, tmp_path):
         if href and not href.startswith(("http", "#", "mailto:")):
             assert local_target(page, href).exists(), href
     assert soup.select("div.highlight pre"), "no code block on the start page"
+    if _browser() is not None:  # MathJax (served from _static) typeset the formula
+        assert soup.select("mjx-container"), "the formula on the start page was not typeset"
 
 
 def test_api_page(site, tmp_path):
