@@ -87,8 +87,6 @@ intersphinx_mapping = {}  # the CI machine may not reach external inventories; r
 html_theme = "sphinx_book_theme"
 html_title = "smc_jax"
 html_theme_options = {
-    "repository_url": "https://github.com/smc-jax/smc_jax",
-    "use_repository_button": False,
     "show_toc_level": 2,
     "navigation_with_keys": False,
 }

@@ -56,7 +56,7 @@ def open_page(path: Path, screenshot: Path | None = None):
     assert dom.returncode == 0 and "<html" in dom.stdout, dom.stderr[-2000:]
     if screenshot is not None:
         subprocess.run(args + [f"--screenshot={screenshot}", path.as_uri()], capture_output=True, timeout=120)
-        assert screenshot.exists() and screenshot.stat().st_size > 10_000, "the browser drew (almost) nothing"
+        assert screenshot.exists() and screenshot.stat().st_size > 50_000, "the browser drew (almost) nothing"
     return bs4.BeautifulSoup(dom.stdout, "html.parser")
 
 
