@@ -113,3 +113,13 @@ def test_every_notebook_and_page_built(site):
         assert (site / f"{name}.html").exists(), name
     for notebook in sorted((ROOT / "notebooks").glob("*.ipynb")):
         assert (site / "notebooks" / f"{notebook.stem}.html").exists(), notebook.name
+
+
+def test_every_result_table_renders(site):
+    """Each markdown table of benchmarks/results/*.md is an HTML table on the benchmarks page."""
+    import re
+
+    expected = sum(len(re.findall(r"^\|(?: ?:?-+:? ?\|)+\s*$", path.read_text(), re.M))
+                   for path in (ROOT / "benchmarks" / "results").glob("*.md"))
+    page = bs4.BeautifulSoup((site / "benchmarks.html").read_text(encoding="utf-8"), "html.parser")
+    assert len(page.select("table")) >= expected > 0
