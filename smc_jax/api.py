@@ -537,6 +537,10 @@ def sample(
         False: resample only the particles still extending.
     allow_zero_weight : bool
         Return the result even when every particle ends at zero weight.
+    mesh : jax.sharding.Mesh, optional
+        Split the particles over this mesh's "particles" axis (`smc_jax.sharding.make_mesh`).
+    sharding_rules : str or tuple
+        Model weights on the mesh's "model" axis: "replicated", "tensor_parallel" or a rule table.
 
     Returns
     -------

@@ -3,7 +3,7 @@
 Public names: `smc_jax.__all__`, the `__all__` of the public subpackages, and the functions and
 classes defined in the public modules without an `__all__` (names not starting with "_"), plus
 the public methods of the classes exported by `smc_jax`. A callable that takes arguments needs a
-numpy "Parameters" section (or "Attributes" for a data class or named tuple whose fields are its
+numpy "Parameters" section naming every argument (or "Attributes" for a data class or named tuple whose fields are its
 arguments; Google-style "Args:" is accepted too). Protocols, enums and exceptions only need a
 docstring. The API reference (docs/api/) is generated from these docstrings.
 """
@@ -100,9 +100,20 @@ def problems():
         doc = own_doc(obj)
         if not doc or not doc.strip():
             found.append(f"{public}: no docstring")
-        elif needs_arguments_section(obj) and not SECTION.search(doc):
-            found.append(f"{public}: no Parameters section for ({', '.join(arguments(obj))})")
+        elif needs_arguments_section(obj):
+            if not SECTION.search(doc):
+                found.append(f"{public}: no Parameters section for ({', '.join(arguments(obj))})")
+                continue
+            undocumented = [a for a in arguments(obj) if not documented(a, doc)]
+            if undocumented:
+                found.append(f"{public}: arguments missing in its Parameters section: {', '.join(undocumented)}")
     return found
+
+
+def documented(argument, doc):
+    """`argument` starts an entry ("name : type", "a, name : type", "**name") of a section."""
+    entry = rf"^\s*(?:\*\*?)?(?:\w+, )*{argument}(?:, \w+)*(?:\s*:.*)?$"
+    return re.search(entry, doc, re.M) is not None
 
 
 def test_public_names_are_documented():
