@@ -1,4 +1,4 @@
-"""The ensemble sampler in a few calls: experts are (model, prompt) pairs.
+"""The ensemble sampler in a few calls: experts are (model, prompt) pairs::
 
     import smc_jax as sj
     smol = sj.load_model("smollm2-135m-instruct")
@@ -60,16 +60,33 @@ CONTEXTS_PER_BEAM_SLOT = 3
 
 @dataclasses.dataclass(frozen=True)
 class Expert:
-    """One expert: a model under a prompt (raw text, or chat messages for its chat template)."""
+    """One expert: a model under a prompt (raw text, or chat messages for its chat template).
+
+    Attributes
+    ----------
+    model : LanguageModel
+        The model, from `load_model`.
+    prompt : str or list of dict
+        Raw text, or chat messages (``{"role": ..., "content": ...}``) rendered with the model's
+        chat template.
+    """
 
     model: LanguageModel
     prompt: Prompt
 
     def prompt_ids(self) -> list[int]:
+        """The prompt's token ids (the chat template applied to messages; raw text tokenized canonically)."""
         return self.model.encode_prompt(self.prompt)
 
 
 def as_experts(experts: Sequence[Expert | tuple[LanguageModel, Prompt]]) -> list[Expert]:
+    """`Expert` objects from experts given as `Expert` or `(model, prompt)` pairs.
+
+    Parameters
+    ----------
+    experts : sequence of Expert or (LanguageModel, prompt) tuples
+        At least one expert.
+    """
     if experts is None or len(experts) == 0:
         raise ValueError("an ensemble needs at least one expert: pass [(model, prompt), ...]")
     out = []
@@ -108,7 +125,19 @@ def prefill_prompts(
     model: LanguageModel, prompts: Sequence[Prompt] | Sequence[Sequence[int]], max_new_tokens: int, token_ids: bool = False
 ):
     """Prompt caches of K prompts padded to one bucket size, stacked, and their next-token logits
-    (prompts are text or chat messages, or token ids when `token_ids`)."""
+    (prompts are text or chat messages, or token ids when `token_ids`).
+
+    Parameters
+    ----------
+    model : LanguageModel
+        The model the prompts are read by.
+    prompts : sequence of prompts, or of token id sequences
+        K prompts.
+    max_new_tokens : int
+        Tokens each prompt's continuation may add (sets the bucket).
+    token_ids : bool
+        The prompts are token ids already.
+    """
     ids = [list(p) for p in prompts] if token_ids else [model.encode_prompt(p) for p in prompts]
     for i, seq in enumerate(ids):
         if len(seq) == 0:
@@ -130,7 +159,13 @@ _BYTE_VOCABS: "weakref.WeakKeyDictionary[LanguageModel, tuple[TokenTrie, np.ndar
 
 
 def byte_vocabulary(model: LanguageModel) -> tuple[TokenTrie, np.ndarray]:
-    """The model's token trie and the mask of ids a byte-level LM may use (byte tokens + EOS)."""
+    """The model's token trie and the mask of ids a byte-level LM may use (byte tokens + EOS).
+
+    Parameters
+    ----------
+    model : LanguageModel
+        A model with its tokenizer.
+    """
     if model not in _BYTE_VOCABS:
         if model.tokenizer is None:
             raise ValueError(f"{model.name} has no tokenizer, so its tokens' bytes are unknown")
@@ -153,6 +188,20 @@ class EnsembleSampler:
     ("replicated", "tensor_parallel" or a rule table; see `smc_jax.sharding`). Same seed, same
     result with or without a mesh. resample_finished: True (the paper's Alg. 1) resamples all
     particles; False only those still extending (see `smc_jax.smc.engine`).
+
+    Parameters
+    ----------
+    experts : tuple of Expert
+        The K experts; `(model, prompt)` pairs are accepted by `sample`.
+    f, weights, level, num_particles, ess_threshold, resampler, max_length, temperature, beam_width, prune_threshold, at_max_length, prompt_as_bytes, resample_finished
+        As in `sample`.
+    progress : bool
+        Show a progress bar of the SMC steps.
+    mesh : jax.sharding.Mesh, optional
+        Split the M particles over this mesh's "particles" axis (`smc_jax.sharding.make_mesh`).
+    sharding_rules : str or tuple
+        How model weights are laid out on the mesh's "model" axis: "replicated",
+        "tensor_parallel" or a rule table (`smc_jax.sharding`).
     """
 
     experts: tuple[Expert, ...]
@@ -283,7 +332,13 @@ class EnsembleSampler:
 
     def build(self, scale: int = 1):
         """The expert groups (one per model) as one expert group for the sampler (prompts are
-        prefilled once per capacity scale and reused across seeds)."""
+        prefilled once per capacity scale and reused across seeds).
+
+        Parameters
+        ----------
+        scale : int
+            Multiplies the context stores' capacity (`grow_on_overflow` raises it).
+        """
         if scale not in self._built:
             groups = [self._group(model, idx, scale) for model, idx in self._groups]
             built = groups[0] if len(groups) == 1 else ExpertStack(groups=tuple(groups))
@@ -304,7 +359,13 @@ class EnsembleSampler:
 
     def grow_on_overflow(self, run: Callable[[Any], Any]) -> Any:
         """`run(experts)`, rebuilt with a bigger context store while it raises an overflow error
-        (the store only holds what is alive, so a larger one changes no result)."""
+        (the store only holds what is alive, so a larger one changes no result).
+
+        Parameters
+        ----------
+        run : callable
+            Called with the built expert group; its result is returned.
+        """
         scale = self._capacity["scale"]
         while True:
             try:
@@ -316,6 +377,21 @@ class EnsembleSampler:
                 self._capacity["scale"] = scale
 
     def __call__(self, seed: int | jax.Array = 0, *, allow_zero_weight: bool = False) -> SMCResult:
+        """Samples once.
+
+        Parameters
+        ----------
+        seed : int or jax.Array
+            The seed, or a PRNG key.
+        allow_zero_weight : bool
+            Return the result even when every particle ends at zero weight (else `ZeroWeightError`).
+
+        Returns
+        -------
+        SMCResult
+            M weighted particles with decoded `texts`; `expert_logprobs` is [M, K] in the order of
+            `experts`.
+        """
         key = jax.random.key(seed) if isinstance(seed, int) else seed
         start = time.perf_counter()
         run = self._smc if self.mesh is None else partial(sample_sharded, self._smc, mesh=self.mesh, rules=self.sharding_rules)
@@ -328,7 +404,18 @@ class EnsembleSampler:
     def logprob(self, continuation: str | bytes) -> ByteLogprob:
         """Natural-log probabilities of `continuation` (UTF-8 when a str) after the prompt of the
         sampler's single byte-level expert: as a prefix, as a complete string (then EOS), per
-        byte, and the next-byte distribution after it (see `ByteLogprob`)."""
+        byte, and the next-byte distribution after it (see `ByteLogprob`).
+
+        Parameters
+        ----------
+        continuation : str or bytes
+            The string scored after the prompt.
+
+        Returns
+        -------
+        ByteLogprob
+            `.prefix`, `.complete` (floats), `.conditionals` [n] and `.next_logprobs` [257].
+        """
         if self.level != "byte" or len(self.experts) != 1:
             raise ValueError("logprob scores under one byte-level expert: EnsembleSampler(experts=(one,), level='byte')")
         data = continuation.encode() if isinstance(continuation, str) else bytes(continuation)
@@ -352,7 +439,31 @@ def logprob(
     `.prefix` is exact (the sum over all tokenizations) when the beam never prunes
     (prune_threshold=0 and a beam wider than the tokenizations alive), a lower bound otherwise;
     `.complete` adds the end of string. For many strings under one prompt, build an
-    `EnsembleSampler` once and call its `logprob` (compiled once)."""
+    `EnsembleSampler` once and call its `logprob` (compiled once).
+
+    Parameters
+    ----------
+    model : LanguageModel
+        The model read as a byte-level LM.
+    continuation : str or bytes
+        The scored string (UTF-8 when a str).
+    prompt : str or list of dict
+        Raw text or chat messages before it ("" for none).
+    beam_width : int
+        Beam width K of the beam over tokenizations.
+    prune_threshold : float
+        Relative pruning threshold (0: no pruning).
+    temperature : float
+        Divides the model's logits.
+    prompt_as_bytes : bool
+        Read a raw-text prompt through the byte beam from BOS (GenLM's convention).
+
+    Returns
+    -------
+    ByteLogprob
+        `.prefix`, `.complete` (floats), `.conditionals` [n bytes] and `.next_logprobs` [257]
+        (index 256: EOS).
+    """
     data = continuation.encode() if isinstance(continuation, str) else bytes(continuation)
     sampler = EnsembleSampler(experts=(Expert(model, prompt),), level="byte", num_particles=1,
                               max_length=max(len(data), 1), temperature=temperature, beam_width=beam_width,
@@ -392,6 +503,49 @@ def sample(
     Alg. 1, which resamples all; see `smc_jax.smc.engine`); seed: an int or a PRNG key (same
     seed, same result); mesh / sharding_rules: split the
     particles (and optionally the model weights) over several devices (see `EnsembleSampler`).
+
+    Parameters
+    ----------
+    experts : sequence of Expert or (LanguageModel, prompt) pairs
+        The K experts; a prompt is raw text or chat messages.
+    f : str, float or Ensemble
+        "min", "harmonic", "product", "mixture" / "sum", "quadratic", "max", an exponent tau, or
+        an `Ensemble` (`smc_jax.ensemble`).
+    weights : sequence of float, optional
+        K expert weights on the simplex (uniform by default).
+    level : {"token", "byte", "local"}
+        Symbols are tokens (experts share a tokenizer), bytes, or the token-local baseline.
+    num_particles : int
+        M.
+    ess_threshold : float
+        Resample when ESS < ess_threshold * M (0: importance sampling).
+    resampler : str
+        "multinomial", "systematic", "stratified" or "residual".
+    max_length : int
+        L, in symbols (tokens or bytes).
+    temperature : float
+        Divides every model's logits.
+    seed : int or jax.Array
+        The seed, or a PRNG key.
+    beam_width, prune_threshold : int, float
+        The byte level's beam over tokenizations.
+    at_max_length : {"eos", "truncate"}
+        Force EOS at L (target: Phi on strings of at most L symbols) or stop without it.
+    prompt_as_bytes : bool
+        Read raw-text prompts through the byte beam from BOS.
+    resample_finished : bool
+        False: resample only the particles still extending.
+    allow_zero_weight : bool
+        Return the result even when every particle ends at zero weight.
+    mesh : jax.sharding.Mesh, optional
+        Split the particles over this mesh's "particles" axis (`smc_jax.sharding.make_mesh`).
+    sharding_rules : str or tuple
+        Model weights on the mesh's "model" axis: "replicated", "tensor_parallel" or a rule table.
+
+    Returns
+    -------
+    SMCResult
+        M weighted particles with decoded `texts`, `log_Z` and diagnostics.
     """
     sampler = EnsembleSampler(
         experts=tuple(as_experts(experts)),

@@ -1,4 +1,4 @@
-"""Command line: `smc-jax sample` draws weighted samples from an f-ensemble of language models.
+"""Command line: `smc-jax sample` draws weighted samples from an f-ensemble of language models::
 
     smc-jax sample                                   # cross-tokenizer product of the embedded models
     smc-jax sample -e smollm2-135m-instruct "My favorite physicist is" \\
@@ -40,6 +40,7 @@ def _f_value(text: str) -> str | float:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of `smc-jax` (subcommands `sample` and `models`)."""
     parser = argparse.ArgumentParser(
         prog="smc-jax",
         description="Sample strings from the global f-ensemble of language models with SMC (JAX).",
@@ -106,6 +107,13 @@ def _load_models(names: Sequence[str], bf16: bool, bar) -> dict:
 
 
 def run_sample(args: argparse.Namespace) -> int:
+    """Runs `smc-jax sample` and prints its table (or JSON); returns the exit status.
+
+    Parameters
+    ----------
+    args : argparse.Namespace
+        The parsed arguments of `sample`.
+    """
     from tqdm.auto import tqdm
 
     from smc_jax.api import EnsembleSampler, Expert
@@ -190,6 +198,18 @@ def _print_table(result, pairs, args, elapsed: float) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """The `smc-jax` entry point.
+
+    Parameters
+    ----------
+    argv : sequence of str, optional
+        The arguments (default: the command line's).
+
+    Returns
+    -------
+    int
+        The exit status.
+    """
     args = build_parser().parse_args(argv)
     if args.command == "models":
         from smc_jax.models.registry import EMBEDDED

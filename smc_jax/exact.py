@@ -1,6 +1,7 @@
 """Exact answers by enumeration, for experts whose strings can be listed (toy experts).
 
 These are the independent references the tests compare the sampler against:
+
 * `string_logprobs`: log p_k(x) of every string up to a length, through the expert interface;
 * `exact_target`: the f-ensemble Phi restricted to those strings and its normalizer Z;
 * `proposal_logprob`: the closed form of the locally optimal proposal q(x) built from prefix
@@ -28,7 +29,15 @@ String = tuple[int, ...]
 
 
 def enumerate_strings(alphabet_size: int, max_length: int) -> list[String]:
-    """All strings over 0..A-1 of length 0..max_length, shortest first."""
+    """All strings over 0..A-1 of length 0..max_length, shortest first.
+
+    Parameters
+    ----------
+    alphabet_size : int
+        A.
+    max_length : int
+        L.
+    """
     out: list[String] = []
     for n in range(max_length + 1):
         out.extend(itertools.product(range(alphabet_size), repeat=n))
@@ -36,7 +45,15 @@ def enumerate_strings(alphabet_size: int, max_length: int) -> list[String]:
 
 
 def string_logprobs(experts: ExpertGroup, strings: list[String]) -> np.ndarray:
-    """log p_k(x) = sum_t log p_k(x_t | x_<t) + log p_k(EOS | x), shape [len(strings), K]."""
+    """log p_k(x) = sum_t log p_k(x_t | x_<t) + log p_k(EOS | x), shape [len(strings), K].
+
+    Parameters
+    ----------
+    experts : ExpertGroup
+        K experts.
+    strings : list of tuple of int
+        The strings.
+    """
     n = len(strings)
     longest = max((len(s) for s in strings), default=0)
     eos = eos_symbol(experts.alphabet_size)
@@ -59,6 +76,19 @@ def string_logprobs(experts: ExpertGroup, strings: list[String]) -> np.ndarray:
 
 @dataclass(frozen=True)
 class ExactTarget:
+    """Phi over a list of strings.
+
+    Attributes
+    ----------
+    strings : list of tuple of int
+        N strings.
+    log_p : numpy.ndarray, shape [N, K]
+        log p_k(x).
+    log_phi : numpy.ndarray, shape [N]
+        log f(p(x)).
+    log_Z : float
+        log of the sum of phi over the strings.
+    """
     strings: list[String]
     log_p: np.ndarray  # [N, K] log p_k(x)
     log_phi: np.ndarray  # [N] log f(p(x))
@@ -70,6 +100,7 @@ class ExactTarget:
         return np.exp(self.log_phi - self.log_Z)
 
     def distribution(self) -> dict[String, float]:
+        """Phi as a dict from string to probability (strings of probability 0 left out)."""
         return {s: float(p) for s, p in zip(self.strings, self.probs) if p > 0}
 
 
@@ -79,7 +110,17 @@ def _log_f(ensemble: Ensemble, log_p: np.ndarray, shaping: bool) -> np.ndarray:
 
 
 def exact_target(experts: ExpertGroup, ensemble: Ensemble, max_length: int) -> ExactTarget:
-    """Phi restricted to strings of length <= max_length, with Z = sum of phi over them."""
+    """Phi restricted to strings of length <= max_length, with Z = sum of phi over them.
+
+    Parameters
+    ----------
+    experts : ExpertGroup
+        K experts.
+    ensemble : Ensemble
+        The f-ensemble.
+    max_length : int
+        L.
+    """
     strings = enumerate_strings(experts.alphabet_size, max_length)
     log_p = string_logprobs(experts, strings)
     log_phi = _log_f(ensemble, log_p, shaping=False)
@@ -95,6 +136,15 @@ def proposal_logprob(target: ExactTarget, ensemble: Ensemble, max_length: int) -
     psi(y) = f(P_1(y), ..., P_K(y)) with P_k(y) = sum of p_k over listed strings extending y;
     q(a | y) = psi(ya) / Z(y) and q(EOS | y) = phi(y) / Z(y), Z(y) = sum_a psi(ya) + phi(y),
     except at length max_length where q(EOS | y) = 1.
+
+    Parameters
+    ----------
+    target : ExactTarget
+        From `exact_target`, listing the experts' whole support.
+    ensemble : Ensemble
+        The f-ensemble.
+    max_length : int
+        L.
     """
     alphabet = 1 + max((max(s) for s in target.strings if s), default=0)
     index = {s: i for i, s in enumerate(target.strings)}

@@ -1,7 +1,7 @@
 """The paper's evaluations (Sec. 6, App. F): methods x f x M x seeds over task instances,
 recorded run by run in a resumable JSONL file and aggregated into Table 5 (expected accuracy,
 mean and 95% CI over seeds), the particle study (E[log Z-hat] against M), Table 7 (per-instance
-Spearman correlations of log Z-hat with expected accuracy) and their plots.
+Spearman correlations of log Z-hat with expected accuracy) and their plots::
 
     from smc_jax.evaluation import ModelRunner, RecordStore, Settings, load_instances, plan, run_jobs
     settings = Settings(model="smollm2-135m-instruct", max_length=24, at_max_length="truncate")

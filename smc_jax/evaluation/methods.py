@@ -22,7 +22,23 @@ Experts = Literal["prompt1", "prompt2", "both", "cross", "cross_a", "cross_b"]
 
 @dataclasses.dataclass(frozen=True)
 class Method:
-    """One row family of Table 5: which experts, at which level, with which sampler."""
+    """One row family of Table 5: which experts, at which level, with which sampler.
+
+    Attributes
+    ----------
+    name, label : str
+        The method's name (`--methods`) and its row label.
+    level : {"token", "byte", "local"}
+        The sampler's level.
+    experts : {"prompt1", "prompt2", "both", "cross", "cross_a", "cross_b"}
+        Which experts: one prompt, both prompts, the two models, or one of them.
+    uses_f : bool
+        Whether f matters (False for one expert).
+    importance_sampling : bool
+        Never resample (ess_threshold = 0).
+    resample_finished : bool
+        False: resample only the active particles.
+    """
 
     name: str
     label: str
@@ -58,7 +74,16 @@ METHODS: dict[str, Method] = {m.name: m for m in (
 class StudyLevel:
     """The methods a particle study compares at one level: SMC (the paper's Alg. 1), SMC that
     resamples only active particles, importance sampling (the same sampler without resampling)
-    and the two experts alone (sanity check (a))."""
+    and the two experts alone (sanity check (a)).
+
+    Attributes
+    ----------
+    smc, smc_active, importance : str
+        The method names of SMC (Alg. 1), SMC resampling only active particles, and importance
+        sampling.
+    experts : tuple of str
+        The two one-expert methods (sanity check (a)).
+    """
 
     smc: str
     smc_active: str
@@ -73,6 +98,13 @@ STUDY_LEVELS: dict[str, StudyLevel] = {
 
 
 def get_method(name: str) -> Method:
+    """The method called `name` (one of `METHODS`); a ValueError listing them otherwise.
+
+    Parameters
+    ----------
+    name : str
+        The method's name.
+    """
     if name not in METHODS:
         raise ValueError(f"unknown method {name!r}; known methods: {', '.join(METHODS)}")
     return METHODS[name]
@@ -83,7 +115,27 @@ class Settings:
     """Run-level settings, stored with every record (records under other settings never mix).
 
     max_length is in tokens (token and local levels), max_bytes in bytes (byte level);
-    cross_prompt (1 or 2) is the prompt both models read in cross-model methods."""
+    cross_prompt (1 or 2) is the prompt both models read in cross-model methods.
+
+    Attributes
+    ----------
+    model, cross_model : str
+        The models' names or paths.
+    max_length, max_bytes : int
+        Length limits in tokens and in bytes.
+    at_max_length : {"truncate", "eos"}
+        What happens at the limit.
+    temperature, ess_threshold, prune_threshold : float
+        Sampler settings.
+    resampler : str
+        The resampler.
+    beam_width : int
+        The byte beam's width.
+    cross_prompt : int
+        1 or 2.
+    dtype : str
+        "float32" or "bfloat16".
+    """
 
     model: str
     cross_model: str | None = None
@@ -103,7 +155,13 @@ class Settings:
 
 
 def chat_as_text(chat: Chat) -> str:
-    """A chat prompt as plain text, messages separated by blank lines (for base models)."""
+    """A chat prompt as plain text, messages separated by blank lines (for base models).
+
+    Parameters
+    ----------
+    chat : list of dict
+        Chat messages.
+    """
     return "\n\n".join(message["content"] for message in chat)
 
 
@@ -122,7 +180,21 @@ def cross_prompts(model_a: LanguageModel, model_b: LanguageModel, chat: Chat) ->
 
 def experts_for(method: Method, prompts: tuple[Chat, Chat], model: LanguageModel,
                 cross_model: LanguageModel | None, cross_prompt: int) -> tuple[Expert, ...]:
-    """The experts of `method` for one instance's two prompts."""
+    """The experts of `method` for one instance's two prompts.
+
+    Parameters
+    ----------
+    method : Method
+        The method.
+    prompts : tuple of two chats
+        The instance's prompts 1 and 2.
+    model : LanguageModel
+        The model.
+    cross_model : LanguageModel or None
+        The second model of cross-model methods.
+    cross_prompt : int
+        The prompt (1 or 2) both models read in cross-model methods.
+    """
     chat_1, chat_2 = prompts
     if method.experts == "prompt1":
         return (Expert(model, chat_1),)
@@ -141,7 +213,21 @@ def experts_for(method: Method, prompts: tuple[Chat, Chat], model: LanguageModel
 
 def build_sampler(method: Method, f: str, num_particles: int, experts: Sequence[Expert],
                   settings: Settings) -> EnsembleSampler:
-    """The sampler of one (instance, method, f, M): compiled on its first call, reused per seed."""
+    """The sampler of one (instance, method, f, M): compiled on its first call, reused per seed.
+
+    Parameters
+    ----------
+    method : Method
+        The method.
+    f : str
+        The ensemble function.
+    num_particles : int
+        M.
+    experts : sequence of Expert
+        From `experts_for`.
+    settings : Settings
+        The run settings.
+    """
     byte = method.level == "byte"
     return EnsembleSampler(
         experts=tuple(experts),

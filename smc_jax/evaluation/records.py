@@ -37,7 +37,31 @@ class Record:
     """One finished run. `log_Z` is None for the token-local baseline (no importance weights)
     and when every particle ended at zero weight (`zero_weight`); `finished` is the fraction of
     particles that ended with EOS; `seconds` is the wall time of the sampler call (the first
-    call of a compiled shape includes compilation)."""
+    call of a compiled shape includes compilation).
+
+    Attributes
+    ----------
+    task, instance, method, f : str
+        What ran.
+    num_particles, seed : int
+        M and the seed.
+    expected_accuracy : float
+        sum_m w_bar_m 1{x_m correct}.
+    log_Z : float or None
+        log Z-hat.
+    seconds : float
+        Wall time of the sampler call.
+    model_calls : int or None
+        Sequential model calls.
+    steps : int
+        SMC steps.
+    finished : float
+        Fraction of particles that ended with EOS.
+    zero_weight : bool
+        Every particle ended at zero weight.
+    settings : mapping
+        The run settings (`Settings.to_dict`).
+    """
 
     task: str
     instance: str
@@ -91,6 +115,13 @@ class RecordStore:
     line cut off by an interrupted write is dropped with a `TornLineWarning` (that run is then
     missing and is run again); any other line that is not a record raises `ValueError` with the
     file and line number. Opening never modifies the file.
+
+    Parameters
+    ----------
+    path : str or pathlib.Path
+        The JSONL file (created when missing).
+    settings : mapping, optional
+        The settings every record must share.
     """
 
     def __init__(self, path: str | Path, settings: Mapping[str, Any] | None = None):

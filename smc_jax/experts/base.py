@@ -38,31 +38,85 @@ PAD_SYMBOL = -1
 
 
 def eos_symbol(alphabet_size: int) -> int:
-    """The end-of-string symbol of an alphabet of `alphabet_size` symbols: the next integer."""
+    """The end-of-string symbol of an alphabet of `alphabet_size` symbols: the next integer.
+
+    Parameters
+    ----------
+    alphabet_size : int
+        A.
+    """
     return alphabet_size
 
 
 @runtime_checkable
 class ExpertGroup(Protocol):
+    """K experts that advance together over an alphabet of A symbols plus EOS (symbol A).
+
+    The contract is in this module's docstring. `ExpertStack` combines several groups;
+    `smc_jax.experts.TableExpert` and `NGramExpert` are toy groups, and language models become
+    groups through `smc_jax.api.EnsembleSampler`.
+
+    Attributes
+    ----------
+    num_experts : int
+        K.
+    alphabet_size : int
+        A (EOS is the symbol A).
+    """
+
     num_experts: int
     alphabet_size: int
 
-    def init(self, num_particles: int) -> PyTree: ...
+    def init(self, num_particles: int) -> PyTree:
+        """The state of `num_particles` (M) particles at the empty string (particle axis first)."""
+        ...
 
-    def logprobs(self, state: PyTree) -> Float[Array, "M K A1"]: ...
+    def logprobs(self, state: PyTree) -> Float[Array, "M K A1"]:
+        """log p_k(a | x) for every particle m, expert k and symbol a (EOS last): [M, K, A + 1]."""
+        ...
 
-    def advance(self, state: PyTree, symbols: Int[Array, "M"], active: Bool[Array, "M"]) -> PyTree: ...
+    def advance(self, state: PyTree, symbols: Int[Array, "M"], active: Bool[Array, "M"]) -> PyTree:
+        """Appends `symbols` [M] to the particles where `active` [M]; the others are unchanged.
 
-    def reorder(self, state: PyTree, ancestors: Int[Array, "M"]) -> PyTree: ...
+        Parameters
+        ----------
+        state : pytree
+            The particles' state.
+        symbols : jax.Array, shape [M]
+            One symbol per particle (0..A, EOS = A).
+        active : jax.Array, shape [M], bool
+            Which particles extend.
+        """
+        ...
+
+    def reorder(self, state: PyTree, ancestors: Int[Array, "M"]) -> PyTree:
+        """The state of particles `ancestors` [M] (resampling)."""
+        ...
 
 
 def take_particles(state: PyTree, ancestors: Int[Array, "M"]) -> PyTree:
-    """Gathers every leaf of a particle-major state along its first axis."""
+    """Gathers every leaf of a particle-major state along its first axis.
+
+    Parameters
+    ----------
+    state : pytree
+        Leaves with the particle axis first, [M, ...].
+    ancestors : jax.Array, shape [M]
+        The particle each new particle copies.
+    """
     return jax.tree.map(lambda leaf: jnp.take(leaf, ancestors, axis=0), state)
 
 
 def where_active(active: Bool[Array, "M"], new: PyTree, old: PyTree) -> PyTree:
-    """Per particle, the new state where active and the old one elsewhere."""
+    """Per particle, the new state where active and the old one elsewhere.
+
+    Parameters
+    ----------
+    active : jax.Array, shape [M], bool
+        Which particles take the new state.
+    new, old : pytree
+        States with the particle axis first.
+    """
 
     def select(n, o):
         mask = active.reshape(active.shape + (1,) * (n.ndim - 1))
@@ -78,6 +132,11 @@ class ExpertStack:
     The experts' axis is the concatenation of the groups' in order. This is how experts that
     cannot share a batched call (different models, or toy experts of different shapes) are
     combined; experts that can share one (one model under K prompts) form one group.
+
+    Attributes
+    ----------
+    groups : tuple of ExpertGroup
+        At least one group; all share one alphabet.
     """
 
     groups: tuple
@@ -113,11 +172,24 @@ class ExpertStack:
         return tuple(g.reorder(s, ancestors) for g, s in zip(self.groups, state))
 
     def failure(self, state: tuple) -> str | None:
+        """The first group's failure message after a run (see `expert_failure`), or None.
+
+        Parameters
+        ----------
+        state : tuple
+            The stack's final state.
+        """
         return next(filter(None, (expert_failure(g, s) for g, s in zip(self.groups, state))), None)
 
     def stats(self, state: tuple) -> dict[str, int]:
         """Summed over groups: model calls of different groups are sequential, so they add up, and
-        each group's store capacities and peaks add up to the memory of the whole stack."""
+        each group's store capacities and peaks add up to the memory of the whole stack.
+
+        Parameters
+        ----------
+        state : tuple
+            The stack's state (one entry per group).
+        """
         total: dict[str, int] = {}
         for g, s in zip(self.groups, state):
             for key, value in expert_stats(g, s).items():
@@ -139,7 +211,13 @@ def expert_failure(group: ExpertGroup, state: PyTree) -> str | None:
 
 
 def stack_experts(experts: ExpertGroup | Sequence[ExpertGroup]) -> ExpertGroup:
-    """One group from a group or a non-empty sequence of groups over the same alphabet."""
+    """One group from a group or a non-empty sequence of groups over the same alphabet.
+
+    Parameters
+    ----------
+    experts : ExpertGroup or sequence of ExpertGroup
+        One group (returned as is) or several (an `ExpertStack` unless there is one).
+    """
     if isinstance(experts, ExpertGroup) and not isinstance(experts, (list, tuple)):
         return experts
     experts = tuple(experts)

@@ -59,6 +59,21 @@ class RopeConfig:
     (wavelength > original_max_positions / low_freq_factor) by `factor`, keeps high ones
     (wavelength < original_max_positions / high_freq_factor) and interpolates in between.
     `freq_factors` (llama.cpp's `rope_freqs` tensor) divides inv_freq elementwise.
+
+    Attributes
+    ----------
+    theta : float
+        The base.
+    scaling : {"default", "linear", "llama3"}
+        How inverse frequencies are adjusted.
+    factor, low_freq_factor, high_freq_factor : float
+        Scaling factors ("linear", "llama3").
+    original_max_positions : int
+        The pre-scaling context length.
+    partial_rotary_factor : float
+        Fraction of head_dim that is rotated.
+    freq_factors : tuple of float, optional
+        Per-frequency divisors (e.g. from a GGUF file).
     """
 
     theta: float = DEFAULT_ROPE_THETA
@@ -111,6 +126,39 @@ class ModelConfig:
 
     Per-layer fields are tuples with one entry per layer. `rope_local` (if set) is used by
     sliding-window layers, `rope` by the others (Gemma 3: local base 1e4, global base 1e6).
+
+    Attributes
+    ----------
+    architecture : str
+        "llama", "qwen2", "phi3", "gemma3", "gpt2", ...
+    vocab_size, hidden_size, intermediate_size, num_layers, num_heads, num_kv_heads, head_dim, max_positions : int
+        Sizes.
+    norm : {"rms", "layer"}
+        The normalization.
+    norm_eps, norm_offset : float
+        Its epsilon; RMSNorm multiplies by (norm_offset + w) (Gemma: 1).
+    qkv_bias, out_bias, mlp_bias, qk_norm, post_norms : bool
+        Biases, q/k normalization, and norms of the attention and MLP outputs (Gemma).
+    mlp : {"gated", "plain"}
+        down(act(gate x) * up x) or down(act(up x)).
+    activation : {"silu", "gelu_tanh", "gelu"}
+        The MLP's activation.
+    embed_scale : float
+        Multiplies the embeddings.
+    tie_embeddings, learned_positions : bool
+        Output layer = embeddings; learned position embeddings (GPT-2).
+    rope, rope_local : RopeConfig or None
+        Rotary embeddings of the global and the sliding-window layers.
+    sliding_window : int or None
+        The window of sliding-window layers.
+    sliding_layers : tuple of bool
+        Which layers use it.
+    query_scale : float
+        Attention score scale (0: head_dim ** -0.5).
+    scale_by_inverse_layer : bool
+        GPT-2 option: scores divided by (layer + 1) too.
+    final_softcap : float or None
+        Soft cap of the logits.
     """
 
     architecture: str

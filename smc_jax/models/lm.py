@@ -58,7 +58,23 @@ def prompt_bucket(length: int, capacity: int) -> int:
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class LanguageModel:
-    """A loaded model. `params` may be float32 or bfloat16; logits are always float32."""
+    """A loaded model. `params` may be float32 or bfloat16; logits are always float32.
+
+    Attributes
+    ----------
+    config : ModelConfig
+        The architecture.
+    params : pytree
+        The weights.
+    tokenizer : Tokenizer or None
+        Its tokenizer.
+    name : str
+        A display name.
+    source : str
+        Where it was loaded from.
+    prompt_capacity : int
+        The longest prompt, in tokens.
+    """
 
     config: ModelConfig
     params: Params

@@ -17,6 +17,15 @@ class Tokenizer:
     vocabularies); `eos_token_ids` are all ids that end a sequence (tokenizer eos, plus the
     generation config's and model config's eos ids when known). `hf` is the underlying HF
     tokenizer (the byte-level layer reads each token's bytes from it).
+
+    Parameters
+    ----------
+    hf : transformers tokenizer
+        The Hugging Face tokenizer.
+    vocab_size : int
+        The model's embedding rows.
+    extra_eos_token_ids : iterable of int
+        More ids that end a sequence.
     """
 
     def __init__(self, hf: Any, vocab_size: int, extra_eos_token_ids: Iterable[int] = ()) -> None:

@@ -65,6 +65,25 @@ class SMC:
     ess_threshold: resample when ESS < ess_threshold * M (0 = importance sampling, 1 = always
     when weights differ). resampler: multinomial (paper default), systematic, stratified or
     residual. method: "smc" (global f-ensemble) or "local" (token-local baseline).
+
+    Parameters
+    ----------
+    num_particles : int
+        M.
+    max_length : int
+        L, in symbols.
+    ess_threshold : float
+        Resample when ESS < ess_threshold * M.
+    resampler : str
+        "multinomial", "systematic", "stratified" or "residual".
+    method : {"smc", "local"}
+        Shaped SMC, or the token-local baseline.
+    at_max_length : {"eos", "truncate"}
+        Force EOS at L with its weight factor, or stop there without it.
+    progress : bool
+        Show a progress bar of the steps.
+    resample_finished : bool
+        True: resample all particles (Alg. 1); False: only the active ones.
     """
 
     num_particles: int
@@ -91,13 +110,27 @@ class SMC:
 
     @property
     def num_steps(self) -> int:
-        """Upper bound on the number of steps: L symbols, plus the forced EOS step."""
+        """The upper bound on the number of steps (L symbols, plus the forced EOS step)."""
         return self.max_length + (1 if self.at_max_length == "eos" else 0)
 
     # ---------------------------------------------------------------- pure functions
 
     def init(self, key: PRNGKeyArray, experts: ExpertGroup, ensemble: Ensemble) -> SMCState:
-        """All particles at the empty string with weight psi(epsilon) = f(1, ..., 1)."""
+        """All particles at the empty string with weight psi(epsilon) = f(1, ..., 1).
+
+        Parameters
+        ----------
+        key : jax.Array
+            PRNG key.
+        experts : ExpertGroup
+            The K experts.
+        ensemble : Ensemble
+            The f-ensemble.
+
+        Returns
+        -------
+        SMCState
+        """
         m, k = self.num_particles, experts.num_experts
         if ensemble.num_experts != k:
             raise ValueError(f"the ensemble is for {ensemble.num_experts} experts, but {k} were given")
@@ -122,7 +155,21 @@ class SMC:
     def proposal_logits(
         self, state: SMCState, logp: Float[Array, "M K A1"], ensemble: Ensemble
     ) -> Float[Array, "M A1"]:
-        """log psi(a | x) for method "smc" (log f(p(a | x)) for "local"), -inf where inadmissible."""
+        """log psi(a | x) for method "smc" (log f(p(a | x)) for "local"), -inf where inadmissible.
+
+        Parameters
+        ----------
+        state : SMCState
+            The current state.
+        logp : jax.Array, shape [M, K, A + 1]
+            The experts' next-symbol log-probabilities.
+        ensemble : Ensemble
+            The f-ensemble.
+
+        Returns
+        -------
+        jax.Array, shape [M, A + 1]
+        """
         a = logp.shape[-1] - 1
         if self.method == "smc":
             log_next = jnp.swapaxes(state.log_prefix[:, :, None] + logp, 1, 2)  # [M, A+1, K]
@@ -138,7 +185,17 @@ class SMC:
         return jnp.where(at_limit & ~is_eos, -jnp.inf, logits)
 
     def step(self, state: SMCState, experts: ExpertGroup, ensemble: Ensemble) -> SMCState:
-        """Extends every active particle by one symbol, updates weights, maybe resamples."""
+        """Extends every active particle by one symbol, updates weights, maybe resamples.
+
+        Parameters
+        ----------
+        state : SMCState
+            The current state.
+        experts : ExpertGroup
+            The K experts.
+        ensemble : Ensemble
+            The f-ensemble.
+        """
         m = self.num_particles
         eos = eos_symbol(experts.alphabet_size)
         key, key_sample, key_resample = jax.random.split(state.key, 3)
@@ -244,7 +301,24 @@ class SMC:
         """Steps until every particle is finished (or the length limit), in a lax.while_loop.
 
         `constrain`, when given, is applied to the state after init and after every step (the
-        sharded run pins each array's sharding with it; see `smc_jax.sharding`)."""
+        sharded run pins each array's sharding with it; see `smc_jax.sharding`).
+
+        Parameters
+        ----------
+        key : jax.Array
+            PRNG key.
+        experts : ExpertGroup
+            The K experts.
+        ensemble : Ensemble
+            The f-ensemble.
+        constrain : callable, optional
+            SMCState -> SMCState, applied after init and every step.
+
+        Returns
+        -------
+        SMCState
+            The final state (device arrays).
+        """
         constrain = constrain or (lambda s: s)
         state = constrain(self.init(key, experts, ensemble))
 
@@ -271,6 +345,25 @@ class SMC:
 
         Raises `ZeroWeightError` when every particle ends at zero weight (the experts share no
         string the ensemble gives mass to), unless `allow_zero_weight`.
+
+        Parameters
+        ----------
+        key : jax.Array
+            PRNG key.
+        experts : ExpertGroup or sequence of ExpertGroup
+            The K experts.
+        ensemble : Ensemble
+            The f-ensemble (`make_ensemble`).
+        decode : callable, optional
+            Maps a particle's symbols [n] to its text (`SMCResult.texts`).
+        jit : bool
+            Run the compiled loop (False: step by step, for debugging).
+        allow_zero_weight : bool
+            Return the result even when every particle ends at zero weight.
+
+        Returns
+        -------
+        SMCResult
         """
         experts = stack_experts(experts)
         if ensemble.num_experts != experts.num_experts:
@@ -288,7 +381,19 @@ class SMC:
         decode: Callable | None = None,
         allow_zero_weight: bool = False,
     ) -> SMCResult:
-        """Host-side results of a finished run's state (see `__call__` for the errors raised)."""
+        """Host-side results of a finished run's state (see `__call__` for the errors raised).
+
+        Parameters
+        ----------
+        state : SMCState
+            A finished run's state.
+        experts : ExpertGroup
+            The experts it ran with (for their counters and failure checks).
+        decode : callable, optional
+            Maps a particle's symbols to its text.
+        allow_zero_weight : bool
+            Return the result even when every particle ends at zero weight.
+        """
         problem = expert_failure(experts, state.expert_state)
         if problem is not None:
             raise RuntimeError(problem)
@@ -314,12 +419,32 @@ run_jitted.__doc__ = "`SMC.run` jitted once per sampler configuration and expert
 
 
 def importance_sampling(num_particles: int, max_length: int, **kwargs) -> SMC:
-    """Sequential importance sampling: the same sampler, never resampling."""
+    """Sequential importance sampling: the same sampler, never resampling.
+
+    Parameters
+    ----------
+    num_particles : int
+        M.
+    max_length : int
+        L.
+    **kwargs
+        Other `SMC` arguments.
+    """
     return SMC(num_particles=num_particles, max_length=max_length, ess_threshold=0.0, **kwargs)
 
 
 def local_ensemble(num_particles: int, max_length: int, **kwargs) -> SMC:
-    """The token-local baseline: sample f of the next-symbol conditionals, ignore weights."""
+    """The token-local baseline: sample f of the next-symbol conditionals, ignore weights.
+
+    Parameters
+    ----------
+    num_particles : int
+        M.
+    max_length : int
+        L.
+    **kwargs
+        Other `SMC` arguments.
+    """
     return SMC(num_particles=num_particles, max_length=max_length, method="local", **kwargs)
 
 

@@ -48,6 +48,11 @@ def _what_to_do(origin: str, relative: str) -> str:
 def resolve_data_dir(data_dir: str | Path | None = None) -> Path:
     """The evaluation data folder (see the module docstring for the order).
 
+    Parameters
+    ----------
+    data_dir : str or pathlib.Path, optional
+        An explicit folder (else $SMC_JAX_DATA, else the data bundled with the package).
+
     Raises
     ------
     DataNotFoundError
