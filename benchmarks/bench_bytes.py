@@ -80,7 +80,7 @@ def main() -> None:
             state, _ = jax.block_until_ready(read(experts, data))
             problem = experts.failure(state)
             if problem is not None:
-                raise RuntimeError(problem)
+                raise problem
             return experts
 
         start = time.perf_counter()

@@ -7,12 +7,14 @@ import pytest
 
 from smc_jax.models.contexts import (
     NO_CONTEXT,
+    ContextStoreOverflowError,
     PROMPT_CONTEXT,
     bucket_sizes,
     context_tokens_path,
     dedupe,
     extend_group,
     init_store,
+    store_failure,
 )
 from smc_jax.experts.toy import NGramTokenLM
 from smc_jax.utils.compilation import count_compilations
@@ -162,6 +164,8 @@ def test_capacity_overflow_is_flagged():
         stores, new = step(stores, ctx, jnp.array([[0, 1]], jnp.int32))
         ctx = jnp.where(new >= 0, new, ctx)
     assert bool(stores.overflow[0])  # the third token does not fit in max_tokens=2
+    # Reported as its own type, so the sampler's retry catches it without reading the message.
+    assert isinstance(store_failure(stores), ContextStoreOverflowError)
 
 
 def copied_shapes_outside_entry(hlo: str) -> list[str]:

@@ -14,7 +14,7 @@ Contract (checked by the reusable tests in tests/experts_contract.py):
 * `advance(state, symbols, active)` appends `symbols[m]` to particle m where `active[m]`, and
   leaves the other particles unchanged (their symbol is arbitrary, e.g. EOS or padding).
 * `reorder(state, ancestors)` returns the state of particles `ancestors` (resampling).
-* optionally, `failure(state)` (host side, after a run) returns an error message when the group
+* optionally, `failure(state)` (host side, after a run) returns an exception (or a message) when the group
   could not represent the run faithfully (e.g. a cache ran out of room), else None.
 
 Everything is pure and jittable; groups are pytrees so that their parameters are arguments of
@@ -112,7 +112,7 @@ class ExpertStack:
     def reorder(self, state: tuple, ancestors: Int[Array, "M"]) -> tuple:
         return tuple(g.reorder(s, ancestors) for g, s in zip(self.groups, state))
 
-    def failure(self, state: tuple) -> str | None:
+    def failure(self, state: tuple) -> Exception | None:
         return next(filter(None, (expert_failure(g, s) for g, s in zip(self.groups, state))), None)
 
     def stats(self, state: tuple) -> dict[str, int]:
@@ -131,11 +131,13 @@ def expert_stats(group: ExpertGroup, state: PyTree) -> dict[str, int]:
     return stats(state) if stats is not None else {}
 
 
-def expert_failure(group: ExpertGroup, state: PyTree) -> str | None:
+def expert_failure(group: ExpertGroup, state: PyTree) -> Exception | None:
     """Host-side check after a run: groups that can fail (a full cache, an emptied beam) define
-    `failure(state) -> message or None`; the others never fail."""
+    `failure(state) -> exception or None` (a message string is wrapped in a RuntimeError); the
+    others never fail. Callers raise what it returns, so they can catch the failure by type."""
     check = getattr(group, "failure", None)
-    return check(state) if check is not None else None
+    problem = check(state) if check is not None else None
+    return RuntimeError(problem) if isinstance(problem, str) else problem
 
 
 def stack_experts(experts: ExpertGroup | Sequence[ExpertGroup]) -> ExpertGroup:

@@ -244,7 +244,7 @@ class ByteExperts:
         """Host-side: model calls made, rows computed (padding included) and rows needed."""
         return context_stats(state.stores)
 
-    def failure(self, state) -> str | None:
+    def failure(self, state) -> Exception | None:
         return store_failure(state.stores)
 
 
@@ -306,7 +306,7 @@ def byte_logprob(experts: ByteExperts, data: bytes) -> ByteLogprob:
     final, cond = _read_bytes(experts, start, jnp.asarray(padded), jnp.asarray(n, jnp.int32))
     problem = experts.failure(final)
     if problem is not None:
-        raise RuntimeError(problem)
+        raise problem
     next_logp = np.asarray(final.beams.next_logp[0, 0], np.float64)
     prefix = float(final.beams.log_mass[0, 0] - start.beams.log_mass[0, 0])
     return ByteLogprob(

@@ -107,5 +107,5 @@ class TokenExperts:
         """Host-side: model calls made, rows computed (padding included) and rows needed."""
         return context_stats(state.stores)
 
-    def failure(self, state) -> str | None:
+    def failure(self, state) -> Exception | None:
         return store_failure(state.stores)

@@ -291,7 +291,7 @@ class SMC:
         """Host-side results of a finished run's state (see `__call__` for the errors raised)."""
         problem = expert_failure(experts, state.expert_state)
         if problem is not None:
-            raise RuntimeError(problem)
+            raise problem
         stats = {"steps": int(state.step), **expert_stats(experts, state.expert_state)}
         result = SMCResult.from_state(state, method=self.method, decode=decode, stats=stats)
         if not allow_zero_weight and result.log_Z is not None and result.log_Z == -math.inf:
