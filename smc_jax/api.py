@@ -16,12 +16,11 @@ that share a model form one group: their prompts are batched through one set of 
 from __future__ import annotations
 
 import dataclasses
-import math
 import time
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from functools import partial
-from typing import Any, Literal
+from typing import Any
 
 import jax
 import jax.numpy as jnp
