@@ -26,6 +26,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Protocol, runtime_checkable
 
+import chex
 import jax
 import jax.numpy as jnp
 from flax import struct
@@ -104,7 +105,12 @@ class ExpertStack:
         return tuple(g.init(num_particles) for g in self.groups)
 
     def logprobs(self, state: tuple) -> Float[Array, "M K A1"]:
-        return jnp.concatenate([g.logprobs(s) for g, s in zip(self.groups, state)], axis=1)
+        parts = [g.logprobs(s) for g, s in zip(self.groups, state)]
+        # Shapes are static: these checks cost nothing at run time and name the group at fault.
+        chex.assert_rank(parts, 3)
+        chex.assert_equal_shape_prefix(parts, 1)  # every group has M particles
+        chex.assert_equal_shape_suffix(parts, 1)  # and one alphabet (plus EOS)
+        return jnp.concatenate(parts, axis=1)
 
     def advance(self, state: tuple, symbols: Int[Array, "M"], active: Bool[Array, "M"]) -> tuple:
         return tuple(g.advance(s, symbols, active) for g, s in zip(self.groups, state))

@@ -40,6 +40,7 @@ from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Literal, NamedTuple
 
+import chex
 import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray
@@ -152,7 +153,11 @@ class SMC:
         `reweight` (the incremental weights and the extended particles), `resample` (when the
         ESS is low) and `record` (the trace row of this step)."""
         key, key_sample, key_resample = jax.random.split(state.key, 3)
-        logp = experts.logprobs(state.expert_state).astype(jnp.float32)  # [M, K, A+1]
+        logp = experts.logprobs(state.expert_state)
+        # The expert-group contract at the engine's boundary (static shapes: no run-time cost).
+        chex.assert_shape(logp, (self.num_particles, experts.num_experts, experts.alphabet_size + 1))
+        chex.assert_type(logp, float)
+        logp = logp.astype(jnp.float32)  # [M, K, A+1]
         proposal = self.propose(key_sample, state, logp, ensemble)
         moved = self.reweight(state, experts, logp, proposal)
         ess = effective_sample_size(moved.log_weights)
