@@ -60,3 +60,19 @@ def test_prompts_that_are_not_text_get_a_clear_error(prompt):
 def test_valid_prompts_pass():
     check_prompt("héllo ✓")
     check_prompt([{"role": "user", "content": "hi"}])
+
+
+def test_expert_with_a_prompt_that_is_not_text_fails_on_construction():
+    from smc_jax.api import Expert
+
+    with pytest.raises(InvalidPromptError, match="not valid text"):
+        Expert(model=None, prompt="\ud800")
+
+
+def test_sampler_options_are_settings_checked_before_the_experts():
+    from smc_jax.api import EnsembleSampler
+
+    with pytest.raises(TypeError, match="num_particle"):
+        EnsembleSampler([], num_particle=3)  # a misspelt option is named, whatever the experts
+    with pytest.raises(ValueError, match="num_particles"):
+        EnsembleSampler([], settings=DEFAULTS, num_particles=0)
