@@ -7,6 +7,7 @@ import argparse
 import math
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from smc_jax.evaluation import PAPER_FS, Settings, get_method
@@ -93,4 +94,5 @@ def json_safe(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def command_line() -> str:
-    return "python " + " ".join(sys.argv)
+    """The command that reproduces this run (`python -m benchmarks.<name> ...`)."""
+    return " ".join([f"python -m benchmarks.{Path(sys.argv[0]).stem}", *sys.argv[1:]])

@@ -24,6 +24,7 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Protocol, runtime_checkable
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -321,4 +322,5 @@ def make_ensemble(
     else:
         raise TypeError(f"f must be a name, a number tau or an Ensemble, got {type(f).__name__}")
     w = np.full(num_experts, 1.0 / num_experts) if weights is None else validate_weights(weights, num_experts)
+    chex.assert_shape(w, (num_experts,))
     return GeneralizedMean(tau=jnp.asarray(tau, jnp.float32), weights=jnp.asarray(w, jnp.float32))

@@ -147,7 +147,7 @@ def _byte_level_bytes(piece: str, byte_decoder: dict[str, int]) -> bytes:
     try:
         return bytes(byte_decoder[char] for char in piece)
     except KeyError as missing:
-        raise ValueError(f"token {piece!r} has a character {missing} outside GPT-2's byte alphabet")
+        raise ValueError(f"token {piece!r} has a character {missing} outside GPT-2's byte alphabet") from None
 
 
 def _sentencepiece_bytes(piece: str) -> bytes:

@@ -13,7 +13,8 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
-from smc_jax.api import DEFAULT_BEAM_WIDTH, DEFAULT_PRUNE_THRESHOLD, EnsembleSampler, Expert, Prompt
+from smc_jax.api import EnsembleSampler, Expert, Prompt
+from smc_jax.settings import DEFAULT_BEAM_WIDTH, DEFAULT_PRUNE_THRESHOLD
 from smc_jax.models.lm import LanguageModel
 from smc_jax.tasks.base import Chat
 

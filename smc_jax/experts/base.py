@@ -14,7 +14,7 @@ Contract (checked by the reusable tests in tests/experts_contract.py):
 * `advance(state, symbols, active)` appends `symbols[m]` to particle m where `active[m]`, and
   leaves the other particles unchanged (their symbol is arbitrary, e.g. EOS or padding).
 * `reorder(state, ancestors)` returns the state of particles `ancestors` (resampling).
-* optionally, `failure(state)` (host side, after a run) returns an error message when the group
+* optionally, `failure(state)` (host side, after a run) returns an exception (or a message) when the group
   could not represent the run faithfully (e.g. a cache ran out of room), else None.
 
 Everything is pure and jittable; groups are pytrees so that their parameters are arguments of
@@ -26,6 +26,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Protocol, runtime_checkable
 
+import chex
 import jax
 import jax.numpy as jnp
 from flax import struct
@@ -163,7 +164,12 @@ class ExpertStack:
         return tuple(g.init(num_particles) for g in self.groups)
 
     def logprobs(self, state: tuple) -> Float[Array, "M K A1"]:
-        return jnp.concatenate([g.logprobs(s) for g, s in zip(self.groups, state)], axis=1)
+        parts = [g.logprobs(s) for g, s in zip(self.groups, state)]
+        # Shapes are static: these checks cost nothing at run time and name the group at fault.
+        chex.assert_rank(parts, 3)
+        chex.assert_equal_shape_prefix(parts, 1)  # every group has M particles
+        chex.assert_equal_shape_suffix(parts, 1)  # and one alphabet (plus EOS)
+        return jnp.concatenate(parts, axis=1)
 
     def advance(self, state: tuple, symbols: Int[Array, "M"], active: Bool[Array, "M"]) -> tuple:
         return tuple(g.advance(s, symbols, active) for g, s in zip(self.groups, state))
@@ -171,8 +177,8 @@ class ExpertStack:
     def reorder(self, state: tuple, ancestors: Int[Array, "M"]) -> tuple:
         return tuple(g.reorder(s, ancestors) for g, s in zip(self.groups, state))
 
-    def failure(self, state: tuple) -> str | None:
-        """The first group's failure message after a run (see `expert_failure`), or None.
+    def failure(self, state: tuple) -> Exception | None:
+        """The first group's failure after a run (an exception to raise) (see `expert_failure`), or None.
 
         Parameters
         ----------
@@ -203,11 +209,13 @@ def expert_stats(group: ExpertGroup, state: PyTree) -> dict[str, int]:
     return stats(state) if stats is not None else {}
 
 
-def expert_failure(group: ExpertGroup, state: PyTree) -> str | None:
+def expert_failure(group: ExpertGroup, state: PyTree) -> Exception | None:
     """Host-side check after a run: groups that can fail (a full cache, an emptied beam) define
-    `failure(state) -> message or None`; the others never fail."""
+    `failure(state) -> exception or None` (a message string is wrapped in a RuntimeError); the
+    others never fail. Callers raise what it returns, so they can catch the failure by type."""
     check = getattr(group, "failure", None)
-    return check(state) if check is not None else None
+    problem = check(state) if check is not None else None
+    return RuntimeError(problem) if isinstance(problem, str) else problem
 
 
 def stack_experts(experts: ExpertGroup | Sequence[ExpertGroup]) -> ExpertGroup:

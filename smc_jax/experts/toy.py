@@ -111,7 +111,7 @@ class TableExpert:
             if prefix:
                 parent, sym = nodes[prefix[:-1]], prefix[-1]
                 children[parent, sym] = i
-        for prefix, i in nodes.items():
+        for i in nodes.values():
             if mass[i] > 0:
                 for a in range(alphabet_size):
                     c = children[i, a]

@@ -38,18 +38,27 @@ import dataclasses
 import math
 from collections.abc import Callable, Sequence
 from functools import partial
-from typing import Literal
+from typing import Literal, NamedTuple
 
+import chex
 import jax
 import jax.numpy as jnp
-from jaxtyping import Array, Float, PRNGKeyArray
+from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray
 
 from smc_jax.ensemble import Ensemble
-from smc_jax.experts.base import ExpertGroup, eos_symbol, expert_failure, expert_stats, stack_experts
+from smc_jax.experts.base import ExpertGroup, expert_failure, expert_stats, stack_experts
 from smc_jax.smc import progress as progress_hooks
 from smc_jax.smc.resampling import effective_sample_size, get_resampler, resample_within
 from smc_jax.smc.result import SMCResult, ZeroWeightError
 from smc_jax.smc.state import PAD_SYMBOL, SMCState, Trace, empty_trace
+
+class Proposal(NamedTuple):
+    """One step's proposal: the sampled symbols, log sum_a psi(a | x) and whether it is finite."""
+
+    symbols: Int[Array, "M"]
+    log_norm: Float[Array, "M"]
+    viable: Bool[Array, "M"]
+
 
 Method = Literal["smc", "local"]
 AtMaxLength = Literal["eos", "truncate"]
@@ -195,21 +204,48 @@ class SMC:
             The K experts.
         ensemble : Ensemble
             The f-ensemble.
-        """
-        m = self.num_particles
-        eos = eos_symbol(experts.alphabet_size)
-        key, key_sample, key_resample = jax.random.split(state.key, 3)
-        active = ~state.done
 
-        logp = experts.logprobs(state.expert_state).astype(jnp.float32)  # [M, K, A+1]
+        Notes
+        -----
+        The four parts, in order: `propose` (sample each particle's next symbol from q),
+        `reweight` (the incremental weights and the extended particles), `resample` (when the
+        ESS is low) and `record` (the trace row of this step).
+        """
+        key, key_sample, key_resample = jax.random.split(state.key, 3)
+        logp = experts.logprobs(state.expert_state)
+        # The expert-group contract at the engine's boundary (static shapes: no run-time cost).
+        chex.assert_shape(logp, (self.num_particles, experts.num_experts, experts.alphabet_size + 1))
+        chex.assert_type(logp, float)
+        logp = logp.astype(jnp.float32)  # [M, K, A+1]
+        proposal = self.propose(key_sample, state, logp, ensemble)
+        moved = self.reweight(state, experts, logp, proposal)
+        ess = effective_sample_size(moved.log_weights)
+        resampled, ancestors, moved, pre_resample_log_weights = self.resample(key_resample, moved, experts, ess)
+        if self.progress:
+            jax.debug.callback(progress_hooks._on_step, state.step, jnp.sum(~moved.done))
+        trace = self.record(state, ess=ess, resampled=resampled, ancestors=ancestors,
+                            log_weights=pre_resample_log_weights)
+        return moved._replace(key=key, step=state.step + 1, trace=trace)
+
+    def propose(self, key: PRNGKeyArray, state: SMCState, logp: Float[Array, "M K A1"], ensemble: Ensemble) -> Proposal:
+        """Samples each active particle's next symbol from q(a | x) ∝ psi(a | x) (EOS for the
+        finished ones and, with log-normalizer -inf, for the dead ones)."""
+        eos = logp.shape[-1] - 1
         logits = self.proposal_logits(state, logp, ensemble)
         log_norm = jax.nn.logsumexp(logits, axis=-1)  # log sum_a psi(a | x)
         viable = jnp.isfinite(log_norm)
         is_eos = jnp.arange(eos + 1) == eos
         log_q = jnp.where(viable[:, None], logits - log_norm[:, None], jnp.where(is_eos, 0.0, -jnp.inf))
-        symbols = jax.random.categorical(key_sample, log_q, axis=-1).astype(jnp.int32)
-        symbols = jnp.where(active, symbols, eos)
+        symbols = jax.random.categorical(key, log_q, axis=-1).astype(jnp.int32)
+        symbols = jnp.where(~state.done, symbols, eos)
+        return Proposal(symbols=symbols, log_norm=log_norm, viable=viable)
 
+    def reweight(self, state: SMCState, experts: ExpertGroup, logp: Float[Array, "M K A1"], proposal: Proposal) -> SMCState:
+        """The particles after their proposed symbols: weights times sum_a psi(a | x), prefixes,
+        strings, lengths, finished flags and expert states (key, step and trace unchanged)."""
+        active = ~state.done
+        symbols, log_norm, viable = proposal
+        eos = logp.shape[-1] - 1
         # A particle whose every continuation has zero shaping is dead: zero weight, finished.
         dead = active & ~viable
         took_eos = active & viable & (symbols == eos)
@@ -223,72 +259,72 @@ class SMC:
         log_prefix = jnp.where((extend | took_eos)[:, None], state.log_prefix + sym_logp, state.log_prefix)
         # Elementwise (a scatter at [m, lengths[m]] would make a sharded run gather its indices).
         write = extend[:, None] & (jnp.arange(self.max_length)[None, :] == state.lengths[:, None])
-        new_symbols = jnp.where(write, symbols[:, None], state.symbols)
-        lengths = state.lengths + extend.astype(jnp.int32)
-        done = state.done | took_eos | dead
-        finished_eos = state.eos | took_eos
-        expert_state = experts.advance(state.expert_state, symbols, extend)
+        return state._replace(
+            symbols=jnp.where(write, symbols[:, None], state.symbols),
+            lengths=state.lengths + extend.astype(jnp.int32),
+            done=state.done | took_eos | dead,
+            eos=state.eos | took_eos,
+            log_weights=log_weights,
+            log_prefix=log_prefix,
+            expert_state=experts.advance(state.expert_state, symbols, extend),
+        )
 
-        ess = effective_sample_size(log_weights)
+    def resample(
+        self, key: PRNGKeyArray, state: SMCState, experts: ExpertGroup, ess: Float[Array, ""]
+    ) -> tuple[Array, Array, SMCState, Array]:
+        """Resamples the pool (all particles, or only the active ones) when its ESS is low.
+
+        Returns (resampled flag, ancestors, the state after resampling, the log weights before
+        it); without resampling (importance sampling, the local baseline) the state is unchanged
+        and the ancestors are the identity."""
+        m = self.num_particles
         ancestors = jnp.arange(m, dtype=jnp.int32)
-        resampled = jnp.zeros((), bool)
-        if self.method == "smc" and self.ess_threshold > 0:
-            # The resampled pool: every particle (Alg. 1), or only those still extending.
-            if self.resample_finished:
-                pool, pool_count, pool_ess, log_pool_size = jnp.ones((m,), bool), m, ess, math.log(m)
-            else:
-                pool = ~done
-                pool_count = jnp.sum(pool)  # >= 1 whenever a particle is active (else no resampling)
-                pool_ess = effective_sample_size(jnp.where(pool, log_weights, -jnp.inf))
-                log_pool_size = jnp.log(jnp.maximum(pool_count, 1).astype(jnp.float32))
-            pool_log_weights = jnp.where(pool, log_weights, -jnp.inf)
-            total = jax.nn.logsumexp(pool_log_weights)
-            resampled = (pool_ess < self.ess_threshold * pool_count) & jnp.any(~done) & jnp.isfinite(total)
-            weights = jnp.exp(pool_log_weights - jnp.where(jnp.isfinite(total), total, 0.0))
-            resampler = get_resampler(self.resampler)
-            if self.resample_finished:
-                drawn = resampler(key_resample, weights, m)
-            else:
-                drawn = resample_within(resampler, key_resample, weights, pool)
-            ancestors = jnp.where(resampled, drawn, ancestors)
-
-            @jax.named_scope("resample")  # names the ancestor gathers (and their collectives) in HLO
-            def gather(carry):
-                sym_, len_, done_, eos_, pre_, exp_ = carry
-                take = lambda x: jnp.take(x, ancestors, axis=0)
-                return (take(sym_), take(len_), take(done_), take(eos_), take(pre_), experts.reorder(exp_, ancestors))
-
-            carry = (new_symbols, lengths, done, finished_eos, log_prefix, expert_state)
-            new_symbols, lengths, done, finished_eos, log_prefix, expert_state = jax.lax.cond(
-                resampled, gather, lambda c: c, carry
-            )
-            mean_log_weight = total - log_pool_size
-            pre_resample_log_weights = log_weights
-            log_weights = jnp.where(resampled & pool, mean_log_weight, log_weights)
+        log_weights, done = state.log_weights, state.done
+        if not (self.method == "smc" and self.ess_threshold > 0):
+            return jnp.zeros((), bool), ancestors, state, log_weights
+        # The resampled pool: every particle (Alg. 1), or only those still extending.
+        if self.resample_finished:
+            pool, pool_count, pool_ess, log_pool_size = jnp.ones((m,), bool), m, ess, math.log(m)
         else:
-            pre_resample_log_weights = log_weights
+            pool = ~done
+            pool_count = jnp.sum(pool)  # >= 1 whenever a particle is active (else no resampling)
+            pool_ess = effective_sample_size(jnp.where(pool, log_weights, -jnp.inf))
+            log_pool_size = jnp.log(jnp.maximum(pool_count, 1).astype(jnp.float32))
+        pool_log_weights = jnp.where(pool, log_weights, -jnp.inf)
+        total = jax.nn.logsumexp(pool_log_weights)
+        resampled = (pool_ess < self.ess_threshold * pool_count) & jnp.any(~done) & jnp.isfinite(total)
+        weights = jnp.exp(pool_log_weights - jnp.where(jnp.isfinite(total), total, 0.0))
+        resampler = get_resampler(self.resampler)
+        if self.resample_finished:
+            drawn = resampler(key, weights, m)
+        else:
+            drawn = resample_within(resampler, key, weights, pool)
+        ancestors = jnp.where(resampled, drawn, ancestors)
 
+        @jax.named_scope("resample")  # names the ancestor gathers (and their collectives) in HLO
+        def gather(carry):
+            sym_, len_, done_, eos_, pre_, exp_ = carry
+            take = lambda x: jnp.take(x, ancestors, axis=0)
+            return (take(sym_), take(len_), take(done_), take(eos_), take(pre_), experts.reorder(exp_, ancestors))
+
+        carry = (state.symbols, state.lengths, done, state.eos, state.log_prefix, state.expert_state)
+        symbols, lengths, done, eos, log_prefix, expert_state = jax.lax.cond(resampled, gather, lambda c: c, carry)
+        mean_log_weight = total - log_pool_size
+        new_log_weights = jnp.where(resampled & pool, mean_log_weight, log_weights)
+        state = state._replace(symbols=symbols, lengths=lengths, done=done, eos=eos, log_prefix=log_prefix,
+                               expert_state=expert_state, log_weights=new_log_weights)
+        return resampled, ancestors, state, log_weights
+
+    def record(self, state: SMCState, *, ess, resampled, ancestors, log_weights) -> Trace:
+        """The trace with this step's row (ESS after the weight update, the resampling flag,
+        ancestors, log weights before resampling, particles active at the step's start)."""
         t = state.step
-        if self.progress:
-            jax.debug.callback(progress_hooks._on_step, t, jnp.sum(~done))
-        trace = Trace(
+        return Trace(
             ess=state.trace.ess.at[t].set(ess),
             resampled=state.trace.resampled.at[t].set(resampled),
             ancestors=state.trace.ancestors.at[t].set(ancestors),
-            log_weights=state.trace.log_weights.at[t].set(pre_resample_log_weights),
-            num_active=state.trace.num_active.at[t].set(jnp.sum(active).astype(jnp.int32)),
-        )
-        return SMCState(
-            key=key,
-            step=t + 1,
-            symbols=new_symbols,
-            lengths=lengths,
-            done=done,
-            eos=finished_eos,
-            log_weights=log_weights,
-            log_prefix=log_prefix,
-            expert_state=expert_state,
-            trace=trace,
+            log_weights=state.trace.log_weights.at[t].set(log_weights),
+            num_active=state.trace.num_active.at[t].set(jnp.sum(~state.done).astype(jnp.int32)),
         )
 
     def run(
@@ -396,7 +432,7 @@ class SMC:
         """
         problem = expert_failure(experts, state.expert_state)
         if problem is not None:
-            raise RuntimeError(problem)
+            raise problem
         stats = {"steps": int(state.step), **expert_stats(experts, state.expert_state)}
         result = SMCResult.from_state(state, method=self.method, decode=decode, stats=stats)
         if not allow_zero_weight and result.log_Z is not None and result.log_Z == -math.inf:

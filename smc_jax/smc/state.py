@@ -7,7 +7,7 @@ from typing import Any, NamedTuple
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray
 
-from smc_jax.experts.base import PAD_SYMBOL
+from smc_jax.experts.base import PAD_SYMBOL  # noqa: F401 (re-exported for the engine)
 
 
 class Trace(NamedTuple):
