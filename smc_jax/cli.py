@@ -109,7 +109,13 @@ def _load_models(names: Sequence[str], bf16: bool, bar) -> dict:
 
 
 def settings_of(args: argparse.Namespace) -> SamplerSettings:
-    """The sampler settings the arguments ask for (raises ValueError for a bad one)."""
+    """The sampler settings the arguments ask for (raises ValueError for a bad one).
+
+    Parameters
+    ----------
+    args : argparse.Namespace
+        The parsed `smc-jax sample` arguments.
+    """
     return DEFAULTS.replace(
         level=args.level, num_particles=args.particles, max_length=args.max_length,
         ess_threshold=args.ess_threshold, resampler=args.resampler,
@@ -122,7 +128,13 @@ def settings_of(args: argparse.Namespace) -> SamplerSettings:
 def validate(args: argparse.Namespace) -> tuple[list[tuple[str, str]], SamplerSettings]:
     """Every check that needs no model, run before any model loads (loading takes a minute):
     the sampler settings, f and the weights against the number of experts, the prompts' text
-    and the table size. Returns the (model, prompt) pairs and the settings."""
+    and the table size. Returns the (model, prompt) pairs and the settings.
+
+    Parameters
+    ----------
+    args : argparse.Namespace
+        The parsed `smc-jax sample` arguments.
+    """
     pairs = [tuple(e) for e in args.expert] if args.expert else list(DEFAULT_EXPERTS)
     settings = settings_of(args)
     make_ensemble(args.f, len(pairs), args.weights)

@@ -229,7 +229,24 @@ class SMC:
 
     def propose(self, key: PRNGKeyArray, state: SMCState, logp: Float[Array, "M K A1"], ensemble: Ensemble) -> Proposal:
         """Samples each active particle's next symbol from q(a | x) ∝ psi(a | x) (EOS for the
-        finished ones and, with log-normalizer -inf, for the dead ones)."""
+        finished ones and, with log-normalizer -inf, for the dead ones).
+
+        Parameters
+        ----------
+        key : PRNGKeyArray
+            The step's sampling key.
+        state : SMCState
+            The particles before the step.
+        logp : jax.Array, shape [M, K, A + 1]
+            log p_k(a | x_m) of every expert and symbol (EOS last).
+        ensemble : Ensemble
+            The f-ensemble giving the shaping psi.
+
+        Returns
+        -------
+        Proposal
+            The sampled symbols [M], log sum_a psi(a | x) [M] and whether it is finite [M].
+        """
         eos = logp.shape[-1] - 1
         logits = self.proposal_logits(state, logp, ensemble)
         log_norm = jax.nn.logsumexp(logits, axis=-1)  # log sum_a psi(a | x)
@@ -242,7 +259,19 @@ class SMC:
 
     def reweight(self, state: SMCState, experts: ExpertGroup, logp: Float[Array, "M K A1"], proposal: Proposal) -> SMCState:
         """The particles after their proposed symbols: weights times sum_a psi(a | x), prefixes,
-        strings, lengths, finished flags and expert states (key, step and trace unchanged)."""
+        strings, lengths, finished flags and expert states (key, step and trace unchanged).
+
+        Parameters
+        ----------
+        state : SMCState
+            The particles before the step.
+        experts : ExpertGroup
+            The experts, advanced by the proposed symbols.
+        logp : jax.Array, shape [M, K, A + 1]
+            The experts' next-symbol log-probabilities of this step.
+        proposal : Proposal
+            What `propose` returned.
+        """
         active = ~state.done
         symbols, log_norm, viable = proposal
         eos = logp.shape[-1] - 1
@@ -276,7 +305,19 @@ class SMC:
 
         Returns (resampled flag, ancestors, the state after resampling, the log weights before
         it); without resampling (importance sampling, the local baseline) the state is unchanged
-        and the ancestors are the identity."""
+        and the ancestors are the identity.
+
+        Parameters
+        ----------
+        key : PRNGKeyArray
+            The resampling key.
+        state : SMCState
+            The particles after `reweight`.
+        experts : ExpertGroup
+            The experts (their states are reordered along with the particles).
+        ess : jax.Array, shape []
+            The effective sample size after the weight update.
+        """
         m = self.num_particles
         ancestors = jnp.arange(m, dtype=jnp.int32)
         log_weights, done = state.log_weights, state.done
@@ -317,7 +358,21 @@ class SMC:
 
     def record(self, state: SMCState, *, ess, resampled, ancestors, log_weights) -> Trace:
         """The trace with this step's row (ESS after the weight update, the resampling flag,
-        ancestors, log weights before resampling, particles active at the step's start)."""
+        ancestors, log weights before resampling, particles active at the step's start).
+
+        Parameters
+        ----------
+        state : SMCState
+            The particles at the step's start (their trace gets the row).
+        ess : jax.Array, shape []
+            The ESS after the weight update.
+        resampled : jax.Array, shape []
+            Whether the step resampled.
+        ancestors : jax.Array, shape [M]
+            Each particle's ancestor (the identity without resampling).
+        log_weights : jax.Array, shape [M]
+            The log weights before resampling.
+        """
         t = state.step
         return Trace(
             ess=state.trace.ess.at[t].set(ess),
