@@ -32,7 +32,8 @@ from smc_jax.bytes.beam import BeamConfig
 from smc_jax.experts.byte import ByteExperts, ByteLogprob, byte_logprob
 from smc_jax.bytes.trie import TokenTrie
 from smc_jax.bytes.vocab import token_byte_strings
-from smc_jax.ensemble import Ensemble, make_ensemble
+from smc_jax.ensemble import Ensemble, constrained, make_ensemble
+from smc_jax.experts.constraint import Automaton
 from smc_jax.experts.base import ExpertStack
 from smc_jax.experts.token import TokenExperts
 from smc_jax.models.cache import CacheCapacityError
@@ -81,6 +82,20 @@ def as_experts(experts: Sequence[Expert | tuple[LanguageModel, Prompt]]) -> list
         else:
             raise TypeError(f"expert {i} must be (model, prompt) with a model from smc_jax.load_model, got {e!r}")
     return out
+
+
+def as_constraints(constraint) -> tuple[Automaton, ...]:
+    """None, one compiled constraint or a sequence of them, as a tuple (checked)."""
+    if constraint is None:
+        return ()
+    items = (constraint,) if isinstance(constraint, Automaton) else tuple(constraint)
+    for c in items:
+        if not isinstance(c, Automaton):
+            raise TypeError(
+                f"a constraint is a compiled automaton from smc_jax.constraints.regex(...) or "
+                f".json_schema(...), got {type(c).__name__}"
+            )
+    return items
 
 
 def _groups(experts: list[Expert]) -> list[tuple[LanguageModel, list[int]]]:
@@ -172,12 +187,16 @@ class EnsembleSampler:
     resample_finished: bool = True
     mesh: Mesh | None = None
     sharding_rules: str | ParamRules = "replicated"
+    constraint: Automaton | Sequence[Automaton] | None = None
 
     def __post_init__(self):
         object.__setattr__(self, "experts", tuple(as_experts(self.experts)))
+        object.__setattr__(self, "constraint", as_constraints(self.constraint))
         object.__setattr__(self, "sharding_rules", resolve_rules(self.sharding_rules))
         if self.mesh is not None:
             check_mesh(self.mesh, self.num_particles)
+            if self.constraint:
+                raise ValueError("constraints are not supported with a device mesh yet; run without mesh=")
         if self.level not in LEVELS:
             raise ValueError(f"unknown level {self.level!r}; use one of {LEVELS}")
         if not self.temperature > 0:
@@ -202,7 +221,9 @@ class EnsembleSampler:
         weights = None if self.weights is None else [self.weights[i] for i in order]
         object.__setattr__(self, "_groups", groups)
         object.__setattr__(self, "_order", np.asarray(order))
-        object.__setattr__(self, "_ensemble", make_ensemble(self.f, len(self.experts), weights))
+        ensemble = make_ensemble(self.f, len(self.experts), weights)
+        object.__setattr__(self, "_ensemble", constrained(ensemble, len(self.constraint)))
+        object.__setattr__(self, "_constraint_experts", [])
         object.__setattr__(self, "_smc", SMC(
             num_particles=self.num_particles,
             max_length=self.max_length,
@@ -286,10 +307,26 @@ class EnsembleSampler:
         prefilled once per capacity scale and reused across seeds)."""
         if scale not in self._built:
             groups = [self._group(model, idx, scale) for model, idx in self._groups]
+            groups += self.constraint_experts()
             built = groups[0] if len(groups) == 1 else ExpertStack(groups=tuple(groups))
             self._built.clear()
             self._built[scale] = built if self.mesh is None else shard_experts(built, self.mesh, self.sharding_rules)
         return self._built[scale]
+
+    def constraint_experts(self) -> list:
+        """The constraints read over the sampler's alphabet: bytes, or the experts' shared tokens
+        (tables computed once per sampler)."""
+        if not self._constraint_experts and self.constraint:
+            if self.level == "byte":
+                built = [c.byte_expert() for c in self.constraint]
+            else:
+                model = self.experts[0].model
+                if model.tokenizer is None:
+                    raise ValueError(f"{model.name} has no tokenizer, so a constraint cannot read its tokens")
+                vocab = token_byte_strings(model.tokenizer.hf, vocab_size=model.config.vocab_size)
+                built = [c.token_expert(vocab.byte_strings) for c in self.constraint]
+            self._constraint_experts.extend(built)
+        return list(self._constraint_experts)
 
     def _decode(self) -> Callable[[np.ndarray], str]:
         if self.level == "byte":
@@ -323,7 +360,10 @@ class EnsembleSampler:
             lambda experts: run(key, experts, self._ensemble, decode=self._decode(), allow_zero_weight=allow_zero_weight))
         inverse = np.argsort(self._order)
         stats = dict(result.stats, seconds=time.perf_counter() - start, level=self.level)
-        return dataclasses.replace(result, expert_logprobs=result.expert_logprobs[:, inverse], stats=stats)
+        # The constraints' columns (log C(x): 0, or -inf for particles that died) are dropped:
+        # a particle's weight and `finished` flag already say whether it is in the language.
+        models_logprobs = result.expert_logprobs[:, : len(self.experts)][:, inverse]
+        return dataclasses.replace(result, expert_logprobs=models_logprobs, stats=stats)
 
     def logprob(self, continuation: str | bytes) -> ByteLogprob:
         """Natural-log probabilities of `continuation` (UTF-8 when a str) after the prompt of the
@@ -380,6 +420,7 @@ def sample(
     allow_zero_weight: bool = False,
     mesh: Mesh | None = None,
     sharding_rules: str | ParamRules = "replicated",
+    constraint: Automaton | Sequence[Automaton] | None = None,
 ) -> SMCResult:
     """Samples from the global f-ensemble of the experts with SMC (or the local baseline).
 
@@ -391,7 +432,10 @@ def sample(
     resample_finished: False resamples only the particles still extending (not the paper's
     Alg. 1, which resamples all; see `smc_jax.smc.engine`); seed: an int or a PRNG key (same
     seed, same result); mesh / sharding_rules: split the
-    particles (and optionally the model weights) over several devices (see `EnsembleSampler`).
+    particles (and optionally the model weights) over several devices (see `EnsembleSampler`);
+    constraint: one or more automata from `smc_jax.constraints` (`regex`, `json_schema`), each a
+    separate factor of the target, Phi(x) ∝ f_w(p_1(x), ..., p_K(x)) * prod_j C_j(x) (the weights
+    stay on the models; with level="local" this is locally constrained decoding).
     """
     sampler = EnsembleSampler(
         experts=tuple(as_experts(experts)),
@@ -410,5 +454,6 @@ def sample(
         resample_finished=resample_finished,
         mesh=mesh,
         sharding_rules=sharding_rules,
+        constraint=constraint,
     )
     return sampler(seed, allow_zero_weight=allow_zero_weight)

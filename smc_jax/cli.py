@@ -76,6 +76,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--temperature", type=float, default=1.0, help="temperature of every expert")
     s.add_argument("--beam-width", type=int, default=5, help="byte level: beam width K")
     s.add_argument("--prune-threshold", type=float, default=0.05, help="byte level: relative prune threshold")
+    s.add_argument("--regex", metavar="PATTERN",
+                   help="constrain every sampled string to match this regular expression in full "
+                   "(a separate factor: Phi ∝ f(p_1..p_K) * 1{x matches}); checked before models load")
+    s.add_argument("--json-schema", type=Path, metavar="FILE",
+                   help="constrain every sampled string to a JSON text valid under this JSON Schema file")
     s.add_argument("--seed", type=int, default=0, help="PRNG seed (same seed, same result)")
     s.add_argument("--bf16", action="store_true", help="bfloat16 parameters (float32 log-probabilities); for accelerators")
     s.add_argument("--json", action="store_true", help="print the result as JSON instead of a table")
@@ -105,6 +110,17 @@ def _load_models(names: Sequence[str], bf16: bool, bar) -> dict:
     return models
 
 
+def _compile_constraints(args: argparse.Namespace) -> list:
+    from smc_jax import constraints
+
+    out = []
+    if args.regex is not None:
+        out.append(constraints.regex(args.regex))
+    if args.json_schema is not None:
+        out.append(constraints.json_schema(args.json_schema))
+    return out
+
+
 def run_sample(args: argparse.Namespace) -> int:
     from tqdm.auto import tqdm
 
@@ -112,6 +128,7 @@ def run_sample(args: argparse.Namespace) -> int:
     from smc_jax.smc.progress import report_progress
 
     pairs = [tuple(e) for e in args.expert] if args.expert else list(DEFAULT_EXPERTS)
+    constraints = _compile_constraints(args)  # bad patterns fail here, before any model loads
     with tqdm(total=len({m for m, _ in pairs}), unit="model", file=sys.stderr, disable=args.json) as bar:
         models = _load_models([m for m, _ in pairs], args.bf16, bar)
     experts = tuple(
@@ -122,7 +139,7 @@ def run_sample(args: argparse.Namespace) -> int:
         num_particles=args.particles, ess_threshold=args.ess_threshold, resampler=args.resampler,
         max_length=args.max_length, temperature=args.temperature, beam_width=args.beam_width,
         prune_threshold=args.prune_threshold, at_max_length=args.at_max_length, progress=not args.json,
-        resample_finished=not args.resample_active_only,
+        resample_finished=not args.resample_active_only, constraint=constraints,
     )
     steps = sampler.smc.num_steps
     start = time.perf_counter()

@@ -60,6 +60,7 @@ UNSUPPORTED_SCHEMA_KEYWORDS = (
     "not", "if", "then", "else", "patternProperties", "dependentRequired", "dependentSchemas",
     "dependencies", "uniqueItems", "multipleOf", "minProperties", "maxProperties", "contains",
     "minContains", "maxContains", "propertyNames", "unevaluatedProperties", "unevaluatedItems",
+    "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum",
 )
 #: Keywords whose value is one subschema, a list of them or a mapping name -> subschema.
 _SUBSCHEMA = ("items", "additionalProperties", "additionalItems", "not", "if", "then", "else", "contains",
