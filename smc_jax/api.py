@@ -317,14 +317,16 @@ class EnsembleSampler:
         """The constraints read over the sampler's alphabet: bytes, or the experts' shared tokens
         (tables computed once per sampler)."""
         if not self._constraint_experts and self.constraint:
+            # Under a forced EOS, strings end by max_length: viability looks that far only.
+            horizon = self.max_length if self.at_max_length == "eos" else None
             if self.level == "byte":
-                built = [c.byte_expert() for c in self.constraint]
+                built = [c.byte_expert(horizon) for c in self.constraint]
             else:
                 model = self.experts[0].model
                 if model.tokenizer is None:
                     raise ValueError(f"{model.name} has no tokenizer, so a constraint cannot read its tokens")
                 vocab = token_byte_strings(model.tokenizer.hf, vocab_size=model.config.vocab_size)
-                built = [c.token_expert(vocab.byte_strings) for c in self.constraint]
+                built = [c.token_expert(vocab.byte_strings, horizon) for c in self.constraint]
             self._constraint_experts.extend(built)
         return list(self._constraint_experts)
 

@@ -5,6 +5,7 @@ shaping psi(x) = f_w(P(x)) C^(x); the locally constrained baseline masks and ren
 """
 
 import itertools
+import json
 import math
 import re
 
@@ -222,6 +223,32 @@ def test_no_particle_ends_outside_the_language(ngrams, automaton, method, max_le
         assert (~eos).any() and np.all(np.isneginf(lw[~eos]))
 
 
+@pytest.mark.parametrize("method", ["smc", "local"])
+def test_horizon_steers_every_particle_to_finish_within_the_limit(ngrams, automaton, method):
+    """A length-aware constraint (horizon = max_length): with n-grams that give every symbol
+    positive probability, no particle dies at the forced EOS, and every one is in L."""
+    length = 2
+    experts = ExpertStack(groups=(*ngrams, automaton.symbol_expert(ALPHABET, horizon=length)))
+    ens = constrained(make_ensemble("product", 2), 1)
+    states = run_batch(SMC(num_particles=8, max_length=length, method=method), jax.random.split(jax.random.key(3), 60), experts, ens)
+    assert np.all(np.asarray(states.eos)) and np.all(np.isfinite(np.asarray(states.log_weights)))
+    for row, ln in zip(np.asarray(states.symbols), np.asarray(states.lengths)):
+        assert all(re.fullmatch(PATTERN, text(s[:n])) for s, n in zip(row, ln))
+
+
+def test_z_hat_is_unbiased_with_a_horizon(ngrams, automaton):
+    """The horizon changes the shaping, not the target: Z-hat estimates the same Z."""
+    length = 3
+    plain = ExpertStack(groups=(*ngrams, automaton.symbol_expert(ALPHABET)))
+    experts = ExpertStack(groups=(*ngrams, automaton.symbol_expert(ALPHABET, horizon=length)))
+    ens = constrained(make_ensemble("product", 2, [0.4, 0.6]), 1)
+    exact = exact_target(plain, ens, max_length=length)
+    assert exact_target(experts, ens, max_length=length).log_Z == pytest.approx(exact.log_Z, abs=1e-6)
+    z = z_hat_samples(SMC(num_particles=4, max_length=length, ess_threshold=0.9), experts, ens, runs=1500, seed=9)
+    se = z.std() / math.sqrt(z.size)
+    assert abs(z.mean() - math.exp(exact.log_Z)) < 4.5 * se, (z.mean(), math.exp(exact.log_Z), se)
+
+
 def test_local_constrained_decoding_differs_from_phi_as_enumeration_predicts():
     """constraints.md's two-step toy: p(a) = 0.9, p(b) = 0.1; after "a" the valid continuation
     has probability 0.01, after "b" 0.9. Local decoding returns "aa" w.p. 0.9; Phi gives it
@@ -289,3 +316,36 @@ def test_weighted_particles_approach_the_constrained_phi(ngrams, automaton):
         states = run_batch(SMC(num_particles=m, max_length=4), jax.random.split(jax.random.key(m), 200), experts, ens)
         tv.append(posterior_tv(states, exact, experts.alphabet_size).mean())
     assert tv[1] < tv[0] and tv[1] < 0.15, tv
+
+
+# ---------------------------------------------------------------------- API and CLI checks
+
+
+def test_cli_lists_and_validates_constraints_before_loading_models(capsys, tmp_path, monkeypatch):
+    from smc_jax import cli
+
+    with pytest.raises(SystemExit):
+        cli.main(["sample", "--help"])
+    out = capsys.readouterr().out
+    assert "--regex" in out and "--json-schema" in out
+
+    def no_loading(*args, **kwargs):
+        raise AssertionError("a model was loaded before the constraint was checked")
+
+    monkeypatch.setattr(cli, "_load_models", no_loading)
+    assert cli.main(["sample", "--regex", "(a"]) == 2
+    assert "cannot compile the regex" in capsys.readouterr().err
+    bad = tmp_path / "schema.json"
+    bad.write_text(json.dumps({"type": "array", "items": {"type": "integer"}, "uniqueItems": True}))
+    assert cli.main(["sample", "--json-schema", str(bad)]) == 2
+    assert "uniqueItems" in capsys.readouterr().err
+    assert cli.main(["sample", "--json-schema", str(tmp_path / "missing.json")]) == 2
+
+
+def test_sampler_rejects_what_is_not_a_compiled_constraint():
+    from smc_jax.api import as_constraints
+
+    with pytest.raises(TypeError, match="smc_jax.constraints.regex"):
+        as_constraints(["[ab]+"])
+    auto = regex("a")
+    assert as_constraints(auto) == (auto,) and as_constraints(None) == ()

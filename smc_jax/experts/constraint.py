@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import jax.numpy as jnp
 import numpy as np
@@ -68,6 +69,34 @@ def coreachable(successors: np.ndarray, targets: np.ndarray) -> np.ndarray:
         frontier = adjacency[:, frontier].any(axis=1) & ~reach
         reach |= frontier
     return reach
+
+
+#: Distance of states from which no accepting state is reachable (the dead state).
+UNREACHABLE = 2**30
+
+
+def distance_to_accept(successors: np.ndarray, accepting: np.ndarray) -> np.ndarray:
+    """The fewest symbols that lead from each state to an accepting one (UNREACHABLE if none).
+
+    Args:
+        successors: [S, A] int, the state after each symbol.
+        accepting: [S] bool.
+
+    Returns:
+        [S] int32, by a backward breadth-first search on the [S, S] adjacency matrix.
+    """
+    s = successors.shape[0]
+    adjacency = np.zeros((s, s), bool)
+    adjacency[np.repeat(np.arange(s), successors.shape[1]), successors.reshape(-1)] = True
+    dist = np.full(s, UNREACHABLE, np.int64)
+    frontier = np.asarray(accepting, bool).copy()
+    dist[frontier] = 0
+    d = 0
+    while frontier.any():
+        d += 1
+        frontier = adjacency[:, frontier].any(axis=1) & (dist == UNREACHABLE)
+        dist[frontier] = d
+    return dist.astype(np.int32)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -153,25 +182,23 @@ class Automaton:
 
     # ------------------------------------------------------------------ experts
 
-    def byte_expert(self) -> "ConstraintExpert":
-        """The constraint over bytes (alphabet 256, EOS = 256), stackable with byte experts."""
-        return ConstraintExpert(
-            transitions=jnp.asarray(self.transitions), accepting=jnp.asarray(self.accepting), alphabet_size=NUM_BYTES
-        )
+    def byte_expert(self, horizon: int | None = None) -> "ConstraintExpert":
+        """The constraint over bytes (alphabet 256, EOS = 256), stackable with byte experts.
+        `horizon`: see `ConstraintExpert`."""
+        return ConstraintExpert.build(self.transitions, self.accepting, NUM_BYTES, horizon)
 
     def token_expert(
-        self, byte_strings: Sequence[bytes | None], max_entries: int = MAX_TOKEN_TABLE_ENTRIES
+        self, byte_strings: Sequence[bytes | None], horizon: int | None = None,
+        max_entries: int = MAX_TOKEN_TABLE_ENTRIES,
     ) -> "ConstraintExpert":
         """The constraint over a vocabulary whose token v spells `byte_strings[v]` (None: a control
         token, never allowed), EOS = len(byte_strings). See `token_transitions`."""
         table, accepting = token_transitions(self, byte_strings, max_entries)
-        return ConstraintExpert(
-            transitions=jnp.asarray(table), accepting=jnp.asarray(accepting), alphabet_size=len(byte_strings)
-        )
+        return ConstraintExpert.build(table, accepting, len(byte_strings), horizon)
 
-    def symbol_expert(self, alphabet: str) -> "ConstraintExpert":
+    def symbol_expert(self, alphabet: str, horizon: int | None = None) -> "ConstraintExpert":
         """The constraint over a toy alphabet: symbol i is the UTF-8 text `alphabet[i]`."""
-        return self.token_expert([c.encode("utf-8") for c in alphabet])
+        return self.token_expert([c.encode("utf-8") for c in alphabet], horizon)
 
 
 def token_transitions(
@@ -231,22 +258,45 @@ def token_transitions(
     return table, automaton.accepting.copy()
 
 
+class ConstraintState(NamedTuple):
+    state: Int[Array, "M"]  # automaton state
+    length: Int[Array, "M"]  # symbols read (for the horizon)
+
+
 @struct.dataclass
 class ConstraintExpert:
     """A 0/1 potential from an automaton over an expert alphabet (bytes or tokens).
 
-    State: each particle's automaton state. `logprobs` gives 0 for the symbols that keep the
-    string viable and -inf for the others, 0 for EOS in accepting states and -inf elsewhere:
-    log C^(xa) - log C^(x) and log C(x) - log C^(x). Not normalized (a potential).
+    State: each particle's automaton state and length. `logprobs` gives 0 for the symbols that
+    keep the string viable and -inf for the others, 0 for EOS in accepting states and -inf
+    elsewhere: log C^(xa) - log C^(x) and log C(x) - log C^(x). Not normalized (a potential).
+
+    With a `horizon` L (the sampler's max_length under a forced EOS), viability is
+    length-aware: C^_L(x) = 1{some y with |xy| <= L has xy in L}, i.e. a symbol is allowed only
+    when the fewest symbols from its state to acceptance (`distance`) fit in what remains. The
+    target, f(p(x)) C(x) on strings of length <= L, is unchanged; particles are no longer
+    steered into structures they cannot close before the limit (where they would die).
     """
 
     transitions: Int[Array, "S A"]
     accepting: Bool[Array, "S"]
+    distance: Int[Array, "S"]
     alphabet_size: int = struct.field(pytree_node=False)
+    horizon: int | None = struct.field(pytree_node=False, default=None)
     num_experts: int = struct.field(pytree_node=False, default=1)
 
     #: Marks a potential whose rows are not distributions (see `smc_jax.experts.base`).
     is_potential = True
+
+    @classmethod
+    def build(cls, transitions: np.ndarray, accepting: np.ndarray, alphabet_size: int, horizon: int | None = None):
+        if horizon is not None and horizon < 0:
+            raise ValueError(f"horizon must be >= 0 or None, got {horizon}")
+        distance = distance_to_accept(transitions, accepting)
+        return cls(
+            transitions=jnp.asarray(transitions, jnp.int32), accepting=jnp.asarray(accepting),
+            distance=jnp.asarray(distance), alphabet_size=alphabet_size, horizon=horizon,
+        )
 
     @property
     def num_states(self) -> int:
@@ -256,18 +306,25 @@ class ConstraintExpert:
     def dead(self) -> int:
         return self.num_states - 1
 
-    def init(self, num_particles: int) -> Int[Array, "M"]:
-        return jnp.zeros((num_particles,), jnp.int32)  # state 0 is the start (Automaton)
+    def init(self, num_particles: int) -> ConstraintState:
+        zeros = jnp.zeros((num_particles,), jnp.int32)
+        return ConstraintState(state=zeros, length=zeros)  # state 0 is the start (Automaton)
 
-    def logprobs(self, state: Int[Array, "M"]) -> Float[Array, "M 1 A1"]:
-        nxt = self.transitions[state]  # [M, A]
-        sym = jnp.where(nxt != self.dead, 0.0, -jnp.inf)
-        eos = jnp.where(self.accepting[state], 0.0, -jnp.inf)
+    def logprobs(self, state: ConstraintState) -> Float[Array, "M 1 A1"]:
+        nxt = self.transitions[state.state]  # [M, A]
+        ok = nxt != self.dead
+        if self.horizon is not None:
+            ok &= self.distance[nxt] <= (self.horizon - state.length - 1)[:, None]
+        sym = jnp.where(ok, 0.0, -jnp.inf)
+        eos = jnp.where(self.accepting[state.state], 0.0, -jnp.inf)
         return jnp.concatenate([sym, eos[:, None]], axis=-1).astype(jnp.float32)[:, None, :]
 
-    def advance(self, state: Int[Array, "M"], symbols: Int[Array, "M"], active: Bool[Array, "M"]) -> Int[Array, "M"]:
+    def advance(self, state: ConstraintState, symbols: Int[Array, "M"], active: Bool[Array, "M"]) -> ConstraintState:
         sym = jnp.clip(symbols, 0, self.alphabet_size - 1)
-        return jnp.where(active, self.transitions[state, sym], state)
+        return ConstraintState(
+            state=jnp.where(active, self.transitions[state.state, sym], state.state),
+            length=state.length + active.astype(jnp.int32),
+        )
 
-    def reorder(self, state: Int[Array, "M"], ancestors: Int[Array, "M"]) -> Int[Array, "M"]:
+    def reorder(self, state: ConstraintState, ancestors: Int[Array, "M"]) -> ConstraintState:
         return take_particles(state, ancestors)
