@@ -349,3 +349,23 @@ def test_sampler_rejects_what_is_not_a_compiled_constraint():
         as_constraints(["[ab]+"])
     auto = regex("a")
     assert as_constraints(auto) == (auto,) and as_constraints(None) == ()
+
+
+def test_evaluation_constraints_of_the_json_and_word_sorting_instances():
+    from smc_jax.evaluation.methods import get_method, instance_constraint
+    from smc_jax.tasks.base import Demonstration
+    from smc_jax.tasks.json_schema import JsonSchemaInstance
+    from smc_jax.tasks.word_sorting import WordSortingInstance, WordSortingTask
+
+    words = WordSortingInstance(id="example-0", input="pear apple fig", target="apple fig pear",
+                                demonstration=Demonstration(input="b a", output="a b"))
+    auto = instance_constraint("word_sorting", words)
+    assert auto.matches(" apple, fig, pear") and auto.matches("apple,fig,pear")
+    assert WordSortingTask().is_correct(words, " apple, fig, pear")
+    assert not auto.matches("apple, fig") and not auto.matches("apple, fig, kiwi") and not auto.matches("apple, fig, pear.")
+    schema = {"type": "object", "properties": {"city": {"type": "string"}, "n": {"type": "integer"}}, "required": ["city"]}
+    auto = instance_constraint("json_schema", JsonSchemaInstance(id="x", schema=schema))
+    assert auto.matches('{"city":"Oslo","n":3}') and not auto.matches('{"n":3}')
+    assert get_method("token_constrained").constrained and get_method("local_constrained").level == "local"
+    with pytest.raises(ValueError, match="no constraint"):
+        instance_constraint("text_to_sql", None)
