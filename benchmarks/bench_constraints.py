@@ -11,7 +11,9 @@ Part 2 (sampling): SmolLM2-135M-Instruct under one prompt at the token level, M 
 product ensemble; seconds per step of a whole run (compiled once, median of repeats, after a
 warm-up) with and without the schema as constraint. The constraint adds one gather per particle
 and symbol row to a step; its runs may also take fewer steps (particles die or finish early), so
-time per step is the comparable number.
+time per step is the comparable number. valid_json: how many of the finished particles with
+positive weight validate against the schema (`jsonschema`). The forced EOS at max_length is on,
+so the constraint's viability is length-aware (its horizon): strings close by the limit.
 
 Run: python benchmarks/bench_constraints.py [--schemas 20] [--sample-schemas 3] [--particles 4]
      [--max-length 24] [--repeats 2]
@@ -74,6 +76,16 @@ def main() -> None:
         print(row, flush=True)
 
     sample_rows = []
+    import jsonschema
+
+    def valid(text: str, schema: dict) -> bool:
+        try:
+            jsonschema.validate(json.loads(text), schema)
+            return True
+        except (ValueError, jsonschema.ValidationError):
+            return False
+
+    schemas = {path.stem: json.loads(path.read_text()) for path in files}
     for name, auto in compiled[: args.sample_schemas]:
         for constrained in (False, True):
             sampler = sj.EnsembleSampler(
@@ -87,7 +99,9 @@ def main() -> None:
             steps = result.stats["steps"]
             row = {"schema": name, "constraint": constrained, "states": auto.num_states if constrained else "",
                    "first_call_s": first, "run_s": seconds, "steps": steps, "s_per_step": seconds / steps,
-                   "finished_positive": int(np.sum((result.weights > 0) & result.finished))}
+                   "finished_positive": int(np.sum((result.weights > 0) & result.finished)),
+                   "valid_json": sum(valid(t, schemas[name]) for t, w, fin in zip(result.texts, result.weights, result.finished)
+                                     if w > 0 and fin)}
             sample_rows.append(row)
             print(row, flush=True)
 
@@ -95,7 +109,7 @@ def main() -> None:
             "max_length": args.max_length, "repeats": args.repeats, "model": "smollm2-135m-instruct",
             "whitespace": "compact (no whitespace between JSON tokens)"}
     appendix = "## Seconds per step, token level, with and without the constraint\n\n" + markdown_table(
-        sample_rows, ["schema", "constraint", "states", "first_call_s", "run_s", "steps", "s_per_step", "finished_positive"])
+        sample_rows, ["schema", "constraint", "states", "first_call_s", "run_s", "steps", "s_per_step", "finished_positive", "valid_json"])
     table = save("bench_constraints", rows,
                  ["schema", "regex_chars", "states", "compile_ms", "token_table_s", "token_table_mb", "refused"], meta,
                  notes=__doc__.split("Run:")[0], appendix=appendix)
