@@ -168,6 +168,9 @@ class EnsembleSampler:
     ("replicated", "tensor_parallel" or a rule table; see `smc_jax.sharding`). Same seed, same
     result with or without a mesh. resample_finished: True (the paper's Alg. 1) resamples all
     particles; False only those still extending (see `smc_jax.smc.engine`).
+    constraint: automata from `smc_jax.constraints` (see `sample`); each is a separate factor of
+    the target, read over bytes (level="byte") or the experts' shared tokens (a [states, V] table
+    built once per sampler); under at_max_length="eos" their viability looks max_length ahead.
     """
 
     experts: tuple[Expert, ...]
