@@ -30,7 +30,8 @@ from jax.sharding import Mesh
 from smc_jax.experts.byte import ByteExperts, ByteLogprob, byte_logprob
 from smc_jax.bytes.trie import TokenTrie
 from smc_jax.bytes.vocab import token_byte_strings
-from smc_jax.ensemble import Ensemble, make_ensemble
+from smc_jax.ensemble import Ensemble, constrained, make_ensemble
+from smc_jax.experts.constraint import Automaton
 from smc_jax.experts.base import ExpertStack
 from smc_jax.experts.token import TokenExperts
 from smc_jax.models.cache import CacheCapacityError
@@ -105,6 +106,20 @@ def as_experts(experts: Sequence[Expert | tuple[LanguageModel, Prompt]]) -> list
         else:
             raise TypeError(f"expert {i} must be (model, prompt) with a model from smc_jax.load_model, got {e!r}")
     return out
+
+
+def as_constraints(constraint) -> tuple[Automaton, ...]:
+    """None, one compiled constraint or a sequence of them, as a tuple (checked)."""
+    if constraint is None:
+        return ()
+    items = (constraint,) if isinstance(constraint, Automaton) else tuple(constraint)
+    for c in items:
+        if not isinstance(c, Automaton):
+            raise TypeError(
+                f"a constraint is a compiled automaton from smc_jax.constraints.regex(...) or "
+                f".json_schema(...), got {type(c).__name__}"
+            )
+    return items
 
 
 def _groups(experts: list[Expert]) -> list[tuple[LanguageModel, list[int]]]:
@@ -207,6 +222,11 @@ class EnsembleSampler:
         Any `SamplerSettings` field by name (level, num_particles, max_length, beam_width, ...),
         overriding `settings`; e.g. ``EnsembleSampler(experts, level="token", num_particles=4)``.
 
+    constraint : Automaton or sequence of Automaton, optional
+        Automata from `smc_jax.constraints` (see `sample`); each is a separate factor of the
+        target, read over bytes (level="byte") or the experts' shared tokens (a [states, V] table
+        built once per sampler); under at_max_length="eos" their viability looks max_length ahead.
+
     The sampler owns its caches: the built expert groups (prompts prefilled once per context
     store scale) and the store scale that the last overflow grew to.
     """
@@ -220,6 +240,7 @@ class EnsembleSampler:
         *,
         mesh: Mesh | None = None,
         sharding_rules: str | ParamRules = "replicated",
+        constraint: Automaton | Sequence[Automaton] | None = None,
         **options: Any,
     ):
         self.settings = (settings if settings is not None else DEFAULTS).replace(**options)
@@ -228,9 +249,12 @@ class EnsembleSampler:
         self.weights = None if weights is None else tuple(float(w) for w in weights)
         self.mesh = mesh
         self.sharding_rules = resolve_rules(sharding_rules)
+        self.constraint = as_constraints(constraint)
         s = self.settings
         if mesh is not None:
             check_mesh(mesh, s.num_particles)
+            if self.constraint:
+                raise ValueError("constraints are not supported with a device mesh yet; run without mesh=")
         if s.level != "byte":
             first = self.experts[0].model
             for e in self.experts[1:]:
@@ -244,7 +268,9 @@ class EnsembleSampler:
         self._groups = _groups(list(self.experts))
         order = [i for _, idx in self._groups for i in idx]
         self._order = np.asarray(order)
-        self._ensemble = make_ensemble(f, len(self.experts), None if self.weights is None else [self.weights[i] for i in order])
+        ensemble = make_ensemble(f, len(self.experts), None if self.weights is None else [self.weights[i] for i in order])
+        self._ensemble = constrained(ensemble, len(self.constraint))
+        self._constraint_experts: list = []
         self._smc = s.smc()
         self._capacity_scale = 1
         self._built: dict[int, Any] = {}
@@ -337,10 +363,28 @@ class EnsembleSampler:
         """
         if scale not in self._built:
             groups = [self._group(model, idx, scale) for model, idx in self._groups]
+            groups += self.constraint_experts()
             built = groups[0] if len(groups) == 1 else ExpertStack(groups=tuple(groups))
             self._built.clear()
             self._built[scale] = built if self.mesh is None else shard_experts(built, self.mesh, self.sharding_rules)
         return self._built[scale]
+
+    def constraint_experts(self) -> list:
+        """The constraints read over the sampler's alphabet: bytes, or the experts' shared tokens
+        (tables computed once per sampler)."""
+        if not self._constraint_experts and self.constraint:
+            # Under a forced EOS, strings end by max_length: viability looks that far only.
+            horizon = self.settings.max_length if self.settings.at_max_length == "eos" else None
+            if self.settings.level == "byte":
+                built = [c.byte_expert(horizon) for c in self.constraint]
+            else:
+                model = self.experts[0].model
+                if model.tokenizer is None:
+                    raise ValueError(f"{model.name} has no tokenizer, so a constraint cannot read its tokens")
+                vocab = token_byte_strings(model.tokenizer.hf, vocab_size=model.config.vocab_size)
+                built = [c.token_expert(vocab.byte_strings, horizon) for c in self.constraint]
+            self._constraint_experts.extend(built)
+        return list(self._constraint_experts)
 
     def _decode(self) -> Callable[[np.ndarray], str]:
         if self.settings.level == "byte":
@@ -395,7 +439,10 @@ class EnsembleSampler:
             lambda experts: run(key, experts, self._ensemble, decode=self._decode(), allow_zero_weight=allow_zero_weight))
         inverse = np.argsort(self._order)
         stats = dict(result.stats, seconds=time.perf_counter() - start, level=self.settings.level)
-        return dataclasses.replace(result, expert_logprobs=result.expert_logprobs[:, inverse], stats=stats)
+        # The constraints' columns (log C(x): 0, or -inf for particles that died) are dropped:
+        # a particle's weight and `finished` flag already say whether it is in the language.
+        models_logprobs = result.expert_logprobs[:, : len(self.experts)][:, inverse]
+        return dataclasses.replace(result, expert_logprobs=models_logprobs, stats=stats)
 
     def logprob(self, continuation: str | bytes) -> ByteLogprob:
         """Natural-log probabilities of `continuation` (UTF-8 when a str) after the prompt of the
@@ -487,6 +534,7 @@ def sample(
     allow_zero_weight: bool = False,
     mesh: Mesh | None = None,
     sharding_rules: str | ParamRules = "replicated",
+    constraint: Automaton | Sequence[Automaton] | None = None,
 ) -> SMCResult:
     """Samples from the global f-ensemble of the experts with SMC (or the local baseline).
 
@@ -499,6 +547,9 @@ def sample(
     Alg. 1, which resamples all; see `smc_jax.smc.engine`); seed: an int or a PRNG key (same
     seed, same result); mesh / sharding_rules: split the
     particles (and optionally the model weights) over several devices (see `EnsembleSampler`).
+    constraint: one or more automata from `smc_jax.constraints` (`regex`, `json_schema`), each a
+    separate factor of the target, Phi(x) ∝ f_w(p_1(x), ..., p_K(x)) * prod_j C_j(x) (the weights
+    stay on the models; with level="local" this is locally constrained decoding).
     Every default is `smc_jax.settings.DEFAULTS`' (see `SamplerSettings` for why).
 
     Parameters
@@ -534,6 +585,8 @@ def sample(
         False: resample only the particles still extending.
     allow_zero_weight : bool
         Return the result even when every particle ends at zero weight.
+    constraint : Automaton or sequence of Automaton, optional
+        Hard constraints from `smc_jax.constraints`, each a separate 0/1 factor of the target.
     mesh : jax.sharding.Mesh, optional
         Split the particles over this mesh's "particles" axis (`smc_jax.sharding.make_mesh`).
     sharding_rules : str or tuple
@@ -561,5 +614,6 @@ def sample(
         resample_finished=resample_finished,
         mesh=mesh,
         sharding_rules=sharding_rules,
+        constraint=constraint,
     )
     return sampler(seed, allow_zero_weight=allow_zero_weight)

@@ -79,6 +79,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--temperature", type=float, default=DEFAULTS.temperature, help="temperature of every expert")
     s.add_argument("--beam-width", type=int, default=DEFAULTS.beam_width, help="byte level: beam width B")
     s.add_argument("--prune-threshold", type=float, default=DEFAULTS.prune_threshold, help="byte level: relative prune threshold")
+    s.add_argument("--regex", metavar="PATTERN",
+                   help="constrain every sampled string to match this regular expression in full "
+                   "(a separate factor: Phi ∝ f(p_1..p_K) * 1{x matches}); checked before models load")
+    s.add_argument("--json-schema", type=Path, metavar="FILE",
+                   help="constrain every sampled string to a JSON text valid under this JSON Schema file")
     s.add_argument("--seed", type=int, default=0, help="PRNG seed (same seed, same result)")
     s.add_argument("--bf16", action="store_true", help="bfloat16 parameters (float32 log-probabilities); for accelerators")
     s.add_argument("--json", action="store_true", help="print the result as JSON instead of a table")
@@ -145,6 +150,17 @@ def validate(args: argparse.Namespace) -> tuple[list[tuple[str, str]], SamplerSe
     return pairs, settings
 
 
+def _compile_constraints(args: argparse.Namespace) -> list:
+    from smc_jax import constraints
+
+    out = []
+    if args.regex is not None:
+        out.append(constraints.regex(args.regex))
+    if args.json_schema is not None:
+        out.append(constraints.json_schema(args.json_schema))
+    return out
+
+
 def run_sample(args: argparse.Namespace) -> int:
     """Runs `smc-jax sample` and prints its table (or JSON); returns the exit status.
 
@@ -159,12 +175,13 @@ def run_sample(args: argparse.Namespace) -> int:
     from smc_jax.smc.progress import report_progress
 
     pairs, settings = validate(args)
+    constraints = _compile_constraints(args)  # bad patterns fail here, before any model loads
     with tqdm(total=len({m for m, _ in pairs}), unit="model", file=sys.stderr, disable=args.json) as bar:
         models = _load_models([m for m, _ in pairs], args.bf16, bar)
     experts = tuple(
         Expert(models[m], [{"role": "user", "content": p}] if args.chat else p) for m, p in pairs
     )
-    sampler = EnsembleSampler(experts, f=args.f, weights=args.weights, settings=settings)
+    sampler = EnsembleSampler(experts, f=args.f, weights=args.weights, settings=settings, constraint=constraints)
     steps = sampler.smc.num_steps
     start = time.perf_counter()
     with tqdm(total=steps, unit="step", file=sys.stderr, disable=args.json, desc="compiling + sampling") as bar:

@@ -240,6 +240,54 @@ class CustomEnsemble:
         return value
 
 
+@struct.dataclass
+class ConstrainedEnsemble:
+    """An f-ensemble of K language models times J hard constraints (0/1 potentials).
+
+    The expert axis holds the K models first, then the J constraints, whose log-potentials are
+    0 or -inf. The target and the shaping are (reference/constraints.md, option 1)
+
+        log phi(x) = log f_w(p_1(x), ..., p_K(x)) + sum_j log C_j(x),
+        log psi(x) = log psi_f(P_1(x), ..., P_K(x)) + sum_j log C^_j(x),
+
+    so the weights stay on the models and every f (mixture and max included) is restricted to
+    the constraints' languages. Locally (method "local") the same formula on next-symbol
+    conditionals masks f(p(. | x)) to the viable symbols, which the sampler renormalizes:
+    locally constrained decoding.
+    """
+
+    base: Ensemble
+    num_constraints: int = struct.field(pytree_node=False)
+
+    @property
+    def num_experts(self) -> int:
+        return self.base.num_experts + self.num_constraints
+
+    @property
+    def num_models(self) -> int:
+        return self.base.num_experts
+
+    def _split(self, log_p: Float[Array, "... K"]) -> tuple[Array, Array]:
+        k = self.base.num_experts
+        # A potential's log-value is 0 or -inf; the sum is -inf as soon as one constraint fails.
+        return log_p[..., :k], jnp.sum(log_p[..., k:], axis=-1)
+
+    def log_target(self, log_p: Float[Array, "... K"]) -> Float[Array, "..."]:
+        models, constraints = self._split(log_p)
+        return self.base.log_target(models) + constraints
+
+    def log_shaping(self, log_p: Float[Array, "... K"]) -> Float[Array, "..."]:
+        models, constraints = self._split(log_p)
+        return self.base.log_shaping(models) + constraints
+
+
+def constrained(ensemble: Ensemble, num_constraints: int) -> Ensemble:
+    """`ensemble` times `num_constraints` constraint factors (the ensemble itself when 0)."""
+    if num_constraints < 0:
+        raise ValueError(f"num_constraints must be >= 0, got {num_constraints}")
+    return ConstrainedEnsemble(base=ensemble, num_constraints=num_constraints) if num_constraints else ensemble
+
+
 def log_abs_diff(log_a: Array, log_b: Array) -> Array:
     """log ``|a - b|`` from log a and log b, without leaving log space.
 
@@ -299,7 +347,7 @@ def make_ensemble(
     """
     if num_experts < 1:
         raise ValueError(f"an ensemble needs at least one expert, got {num_experts}")
-    if isinstance(f, (GeneralizedMean, CustomEnsemble)) or (
+    if isinstance(f, (GeneralizedMean, CustomEnsemble, ConstrainedEnsemble)) or (
         isinstance(f, Ensemble) and not isinstance(f, (str, float, int))
     ):
         if weights is not None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import jax
@@ -129,13 +130,22 @@ def exact_target(experts: ExpertGroup, ensemble: Ensemble, max_length: int) -> E
     return ExactTarget(strings=strings, log_p=log_p, log_phi=log_phi, log_Z=log_z)
 
 
-def proposal_logprob(target: ExactTarget, ensemble: Ensemble, max_length: int) -> dict[String, float]:
+def proposal_logprob(
+    target: ExactTarget,
+    ensemble: Ensemble,
+    max_length: int,
+    prefix_potentials: Callable[[String], Sequence[float]] | None = None,
+) -> dict[String, float]:
     """log q(x) of the locally optimal proposal for every listed string of length <= max_length
     with q(x) > 0. `target` must list the experts' whole support (prefix sums are over it).
 
     psi(y) = f(P_1(y), ..., P_K(y)) with P_k(y) = sum of p_k over listed strings extending y;
     q(a | y) = psi(ya) / Z(y) and q(EOS | y) = phi(y) / Z(y), Z(y) = sum_a psi(ya) + phi(y),
     except at length max_length where q(EOS | y) = 1.
+
+    `prefix_potentials(y)`, when given, returns log C^_j(y) of the last J experts, which are
+    potentials (constraints) rather than distributions: their prefix value is "y is viable", not
+    a sum over the listed strings.
 
     Parameters
     ----------
@@ -145,6 +155,8 @@ def proposal_logprob(target: ExactTarget, ensemble: Ensemble, max_length: int) -
         The f-ensemble.
     max_length : int
         L.
+    prefix_potentials : callable, optional
+        Maps a prefix y to log C^_j(y) of the last J experts when those are constraints.
     """
     alphabet = 1 + max((max(s) for s in target.strings if s), default=0)
     index = {s: i for i, s in enumerate(target.strings)}
@@ -155,6 +167,11 @@ def proposal_logprob(target: ExactTarget, ensemble: Ensemble, max_length: int) -
             prefix_p[s[:t]] = prefix_p.get(s[:t], 0.0) + p_lin[i]
     with np.errstate(divide="ignore"):
         log_prefix = {y: np.log(v) for y, v in prefix_p.items()}
+    if prefix_potentials is not None:
+        for y, value in log_prefix.items():
+            pots = np.asarray(prefix_potentials(y), np.float64)
+            if pots.size:
+                value[-pots.size :] = pots
 
     def log_psi(y: String) -> float:
         return float(_log_f(ensemble, log_prefix[y][None], shaping=True)[0])

@@ -48,6 +48,7 @@ class Method:
     uses_f: bool
     importance_sampling: bool = False  # ess_threshold = 0: never resample
     resample_finished: bool = True  # the paper's Alg. 1; False: resample only active particles
+    constrained: bool = False  # the instance's constraint (`instance_constraint`) as a factor
 
     @property
     def cross_model(self) -> bool:
@@ -66,6 +67,10 @@ METHODS: dict[str, Method] = {m.name: m for m in (
     Method("cross_byte_is", "Cross-Model Byte IS", "byte", "cross", uses_f=True, importance_sampling=True),
     Method("cross_byte_active", "Cross-Model Byte SMC (active resampling)", "byte", "cross", uses_f=True,
            resample_finished=False),
+    Method("token_constrained", "Token SMC + constraint", "token", "both", uses_f=True, constrained=True),
+    Method("local_constrained", "Token Local + constraint", "local", "both", uses_f=True, constrained=True),
+    Method("cross_byte_constrained", "Cross-Model Byte SMC + constraint", "byte", "cross", uses_f=True,
+           constrained=True),
     Method("cross_a", "Cross prompt, model A", "token", "cross_a", uses_f=False),
     Method("cross_b", "Cross prompt, model B", "token", "cross_b", uses_f=False),
 )}
@@ -212,8 +217,26 @@ def experts_for(method: Method, prompts: tuple[Chat, Chat], model: LanguageModel
     return {"cross": pair, "cross_a": pair[:1], "cross_b": pair[1:]}[method.experts]
 
 
+def instance_constraint(task: str, instance: Any):
+    """The constraint a constrained method puts on an instance's outputs (issue 17):
+    json_schema: the instance's schema (compact whitespace); word_sorting: a comma-separated list
+    of exactly as many items as the input has words, each one of the input's words (an optional
+    leading space). Raises ValueError (naming the keyword) for a schema the compiler refuses."""
+    import re
+
+    from smc_jax import constraints
+
+    if task == "json_schema":
+        return constraints.json_schema(instance.schema, whitespace="")
+    if task == "word_sorting":
+        words = instance.input.split()
+        word = "(?:" + "|".join(re.escape(w) for w in sorted(set(words))) + ")"
+        return constraints.regex(f" ?{word}(?:, ?{word}){{{len(words) - 1}}}")
+    raise ValueError(f"no constraint is defined for task {task!r} (json_schema and word_sorting have one)")
+
+
 def build_sampler(method: Method, f: str, num_particles: int, experts: Sequence[Expert],
-                  settings: Settings) -> EnsembleSampler:
+                  settings: Settings, constraint: Any = None) -> EnsembleSampler:
     """The sampler of one (instance, method, f, M): compiled on its first call, reused per seed.
 
     Parameters
@@ -228,6 +251,8 @@ def build_sampler(method: Method, f: str, num_particles: int, experts: Sequence[
         From `experts_for`.
     settings : Settings
         The run settings.
+    constraint : Automaton, optional
+        The instance's constraint (`instance_constraint`), for the constrained methods.
     """
     byte = method.level == "byte"
     return EnsembleSampler(
@@ -243,6 +268,7 @@ def build_sampler(method: Method, f: str, num_particles: int, experts: Sequence[
         beam_width=settings.beam_width,
         prune_threshold=settings.prune_threshold,
         at_max_length=settings.at_max_length,
+        constraint=constraint,
     )
 
 

@@ -16,7 +16,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-from smc_jax.evaluation.methods import Settings, build_sampler, experts_for, get_method
+from smc_jax.evaluation.methods import Settings, build_sampler, experts_for, get_method, instance_constraint
 from smc_jax.evaluation.records import NO_F, Record, RecordKey, RecordStore
 from smc_jax.models.lm import LanguageModel
 from smc_jax.smc.result import SMCResult, ZeroWeightError
@@ -192,7 +192,8 @@ class ModelRunner:
         method = get_method(job.method)
         experts = experts_for(method, task.prompts(job.instance), self.model, self.cross_model,
                               self.settings.cross_prompt)
-        sampler = build_sampler(method, job.f, job.num_particles, experts, self.settings)
+        constraint = instance_constraint(job.task, job.instance) if method.constrained else None
+        sampler = build_sampler(method, job.f, job.num_particles, experts, self.settings, constraint)
 
         def correct(text: str) -> bool:
             return task.is_correct(job.instance, text)

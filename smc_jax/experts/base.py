@@ -11,6 +11,12 @@ Contract (checked by the reusable tests in tests/experts_contract.py):
   symbol a in alphabet + EOS: shape [M, K, A + 1], float32, each row a normalized
   distribution (logsumexp = 0) or, for a string the expert cannot produce, anything <= 0
   (the engine multiplies by the expert's prefix probability, which is then 0).
+  *Potentials* relax this: a group with `is_potential = True` (a hard constraint,
+  `smc_jax.experts.constraint.ConstraintExpert`) returns log phi(xa) / phi^(x) for a potential
+  phi that need not sum to 1 over continuations -- for a 0/1 constraint, 0 where xa can still be
+  completed in the language (EOS: where x is in it) and -inf elsewhere, so a row's logsumexp is
+  the log of the number of viable symbols. The engine treats every column alike (it multiplies
+  prefix values), and `smc_jax.ensemble.ConstrainedEnsemble` decides how potentials enter f.
 * `advance(state, symbols, active)` appends `symbols[m]` to particle m where `active[m]`, and
   leaves the other particles unchanged (their symbol is arbitrary, e.g. EOS or padding).
 * `reorder(state, ancestors)` returns the state of particles `ancestors` (resampling).
