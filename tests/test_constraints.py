@@ -13,7 +13,6 @@ import jax
 import numpy as np
 import pytest
 
-import smc_jax as sj
 from smc_jax.constraints import AutomatonTooLargeError, json_schema, regex, token_transitions
 from smc_jax.ensemble import ConstrainedEnsemble, constrained, make_ensemble
 from smc_jax.exact import exact_target, proposal_logprob
@@ -66,7 +65,7 @@ def test_regex_automaton_agrees_with_python_re():
                 )
                 if completable:
                     assert auto.viable(s), (pattern, s)
-        assert auto.accepting[auto.dead] == False and np.all(auto.transitions[auto.dead] == auto.dead)
+        assert not auto.accepting[auto.dead] and np.all(auto.transitions[auto.dead] == auto.dead)
 
 
 def test_multibyte_characters_are_byte_paths():

@@ -8,7 +8,6 @@ import json
 import math
 import re
 
-import numpy as np
 import pytest
 
 import smc_jax as sj

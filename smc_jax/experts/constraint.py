@@ -272,7 +272,7 @@ class ConstraintExpert:
     elsewhere: log C^(xa) - log C^(x) and log C(x) - log C^(x). Not normalized (a potential).
 
     With a `horizon` L (the sampler's max_length under a forced EOS), viability is
-    length-aware: C^_L(x) = 1{some y with |xy| <= L has xy in L}, i.e. a symbol is allowed only
+    length-aware: C^_L(x) = 1{some y with len(xy) <= L has xy in L}, i.e. a symbol is allowed only
     when the fewest symbols from its state to acceptance (`distance`) fit in what remains. The
     target, f(p(x)) C(x) on strings of length <= L, is unchanged; particles are no longer
     steered into structures they cannot close before the limit (where they would die).
