@@ -1,11 +1,13 @@
-"""Experts: the interface the sampler calls, and toy experts with enumerable distributions."""
+"""Experts: the interface the sampler calls, toy experts with enumerable distributions, and
+constraint experts (0/1 potentials from automata)."""
 
 from smc_jax.experts.base import ExpertGroup, ExpertStack, eos_symbol, stack_experts, take_particles, where_active
+from smc_jax.experts.constraint import Automaton, AutomatonTooLargeError, ConstraintExpert
 from smc_jax.experts.scoring import Scores, pad_sequences, sequence_logprobs, target_symbols, teacher_force
 from smc_jax.experts.toy import NGramExpert, TableExpert
 
 __all__ = [
     "ExpertGroup", "ExpertStack", "eos_symbol", "stack_experts", "take_particles", "where_active",
     "NGramExpert", "TableExpert", "Scores", "pad_sequences", "sequence_logprobs", "target_symbols",
-    "teacher_force",
+    "teacher_force", "Automaton", "AutomatonTooLargeError", "ConstraintExpert",
 ]
