@@ -276,6 +276,21 @@ class ConstraintExpert:
     when the fewest symbols from its state to acceptance (`distance`) fit in what remains. The
     target, f(p(x)) C(x) on strings of length <= L, is unchanged; particles are no longer
     steered into structures they cannot close before the limit (where they would die).
+
+    Attributes
+    ----------
+    transitions : int array [S, A]
+        The automaton's next state per state and symbol (the last state is dead).
+    accepting : bool array [S]
+        The accepting states.
+    distance : int array [S]
+        Fewest symbols from each state to acceptance.
+    alphabet_size : int
+        A, the expert alphabet's size.
+    horizon : int or None
+        The length limit viability looks ahead to (None: unbounded).
+    num_experts : int
+        The expert axis' size of this group (1).
     """
 
     transitions: Int[Array, "S A"]
