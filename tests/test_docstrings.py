@@ -18,6 +18,7 @@ import pytest
 
 PUBLIC_MODULES = [
     "smc_jax", "smc_jax.api", "smc_jax.ensemble", "smc_jax.experts", "smc_jax.smc", "smc_jax.models",
+    "smc_jax.models.flax_adapter",
     "smc_jax.bytes", "smc_jax.learn", "smc_jax.sharding", "smc_jax.exact", "smc_jax.plots",
     "smc_jax.evaluation", "smc_jax.tasks", "smc_jax.cli",
 ]

@@ -100,13 +100,27 @@ class LanguageModel:
         return dataclasses.replace(self, params=cast(self.params, dtype))
 
     def paged(self) -> PagedTransformer:
-        """The model behind the paged-model interface the samplers call (`models.contexts`)."""
+        """The model behind the paged-model interface the samplers call (`models.contexts`).
+
+        Returns
+        -------
+        PagedTransformer
+            This model's params and config, paged.
+        """
         return PagedTransformer(params=self.params, config=self.config)
 
     def prefill_batch(
         self, padded: Int[Array, "prompts tokens"], lengths: Int[Array, " prompts"]
     ) -> tuple[PrefixCache, Float[Array, "prompts vocab"]]:
-        """Prompt caches of K right-padded prompts (stacked on axis 0) and their next-token logits."""
+        """Prompt caches of K right-padded prompts (stacked on axis 0) and their next-token logits.
+
+        Parameters
+        ----------
+        padded : int array [K, P]
+            The prompts, right-padded to one bucket size.
+        lengths : int array [K]
+            Their real lengths.
+        """
         return prefill_many(self.params, self.config, padded, lengths)
 
     def with_prompt_capacity(self, capacity: int) -> LanguageModel:
