@@ -61,7 +61,7 @@ def cache_root() -> Path:
 
 
 # The modules whose code determines a conversion's result.
-_CONVERTING_MODULES = ("config", "params", "mapping", "gguf_loader", "registry", "weights_cache")
+_CONVERTING_MODULES = ("config", "config_parsing", "params", "mapping", "gguf_loader", "registry", "weights_cache")
 DIGEST_CHARS = 12
 
 
