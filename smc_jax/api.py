@@ -109,7 +109,13 @@ def as_experts(experts: Sequence[Expert | tuple[LanguageModel, Prompt]]) -> list
 
 
 def as_constraints(constraint) -> tuple[Automaton, ...]:
-    """None, one compiled constraint or a sequence of them, as a tuple (checked)."""
+    """None, one compiled constraint or a sequence of them, as a tuple (checked).
+
+    Parameters
+    ----------
+    constraint : Automaton, sequence of Automaton or None
+        From `smc_jax.constraints.regex` / `json_schema`.
+    """
     if constraint is None:
         return ()
     items = (constraint,) if isinstance(constraint, Automaton) else tuple(constraint)

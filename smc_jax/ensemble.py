@@ -254,6 +254,13 @@ class ConstrainedEnsemble:
     the constraints' languages. Locally (method "local") the same formula on next-symbol
     conditionals masks f(p(. | x)) to the viable symbols, which the sampler renormalizes:
     locally constrained decoding.
+
+    Parameters
+    ----------
+    base : Ensemble
+        The f-ensemble of the K language models.
+    num_constraints : int
+        J, the constraints after the models on the expert axis.
     """
 
     base: Ensemble
@@ -282,7 +289,15 @@ class ConstrainedEnsemble:
 
 
 def constrained(ensemble: Ensemble, num_constraints: int) -> Ensemble:
-    """`ensemble` times `num_constraints` constraint factors (the ensemble itself when 0)."""
+    """`ensemble` times `num_constraints` constraint factors (the ensemble itself when 0).
+
+    Parameters
+    ----------
+    ensemble : Ensemble
+        The f-ensemble of the language models.
+    num_constraints : int
+        J >= 0 constraints placed after the models on the expert axis.
+    """
     if num_constraints < 0:
         raise ValueError(f"num_constraints must be >= 0, got {num_constraints}")
     return ConstrainedEnsemble(base=ensemble, num_constraints=num_constraints) if num_constraints else ensemble

@@ -26,6 +26,7 @@ PLACEMENT = {  # first path component under smc_jax/ (module name without .py) -
     "models": "models",
     "bytes": "bytes",
     "experts": "experts",
+    "constraints": "experts",  # compiles regex / JSON Schema automata for experts/constraint.py
     "smc": "smc",
     "ensemble": "smc",
     "exact": "smc",

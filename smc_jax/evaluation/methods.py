@@ -39,6 +39,8 @@ class Method:
         Never resample (ess_threshold = 0).
     resample_finished : bool
         False: resample only the active particles.
+    constrained : bool
+        Put the instance's constraint (`instance_constraint`) on the outputs as a factor.
     """
 
     name: str

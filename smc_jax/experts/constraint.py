@@ -276,6 +276,21 @@ class ConstraintExpert:
     when the fewest symbols from its state to acceptance (`distance`) fit in what remains. The
     target, f(p(x)) C(x) on strings of length <= L, is unchanged; particles are no longer
     steered into structures they cannot close before the limit (where they would die).
+
+    Parameters
+    ----------
+    transitions : jax.Array, shape [S, A]
+        The next automaton state of every state and symbol (the dead state absorbs).
+    accepting : jax.Array, shape [S]
+        Whether a state accepts (EOS allowed).
+    distance : jax.Array, shape [S]
+        The fewest symbols from a state to an accepting one (large for the dead state).
+    alphabet_size : int
+        A: 256 bytes, or a model's vocabulary size.
+    horizon : int, optional
+        L for length-aware viability (None: no length limit).
+    num_experts : int
+        Always 1: one constraint per expert group.
     """
 
     transitions: Int[Array, "S A"]
