@@ -112,7 +112,7 @@ def as_constraints(constraint) -> tuple[Automaton, ...]:
     Parameters
     ----------
     constraint : Automaton, sequence of Automaton or None
-        Automata from `smc_jax.constraints`.
+        From `smc_jax.constraints.regex` / `json_schema`.
     """
     if constraint is None:
         return ()

@@ -1,5 +1,7 @@
 """Hard constraints for f-ensembles: regular expressions and JSON Schemas compiled to automata.
 
+Example::
+
     import smc_jax as sj
     digits = sj.constraints.regex(r"[0-9]{3}-[0-9]{4}")
     person = sj.constraints.json_schema({"type": "object", "properties": {"name": {"type": "string"}},

@@ -255,12 +255,12 @@ class ConstrainedEnsemble:
     conditionals masks f(p(. | x)) to the viable symbols, which the sampler renormalizes:
     locally constrained decoding.
 
-    Attributes
+    Parameters
     ----------
     base : Ensemble
-        The f-ensemble of the K models.
+        The f-ensemble of the K language models.
     num_constraints : int
-        J, the constraint factors after the models on the expert axis.
+        J, the constraints after the models on the expert axis.
     """
 
     base: Ensemble
@@ -294,9 +294,9 @@ def constrained(ensemble: Ensemble, num_constraints: int) -> Ensemble:
     Parameters
     ----------
     ensemble : Ensemble
-        The f-ensemble of the models.
+        The f-ensemble of the language models.
     num_constraints : int
-        How many constraint factors follow the models on the expert axis (>= 0).
+        J >= 0 constraints placed after the models on the expert axis.
     """
     if num_constraints < 0:
         raise ValueError(f"num_constraints must be >= 0, got {num_constraints}")

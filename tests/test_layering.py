@@ -1,8 +1,7 @@
 """The package's one-way data flow (docs/architecture.md): a module imports only from its own
 layer or the layers below it, never from above.
 
-    top:     api, cli, settings, plots, learn, sharding, constraints, evaluation/, tasks/
-             (what users call)
+    top:     api, cli, settings, plots, learn, sharding, evaluation/, tasks/  (what users call)
     smc:     smc/, ensemble, exact                 (the sampler, the f-ensembles, exact targets)
     experts: experts/                              (distributions over symbols, per particle)
     bytes:   bytes/                                (tokenizations as byte beams: tries, sum trees)
@@ -27,6 +26,7 @@ PLACEMENT = {  # first path component under smc_jax/ (module name without .py) -
     "models": "models",
     "bytes": "bytes",
     "experts": "experts",
+    "constraints": "experts",  # compiles regex / JSON Schema automata for experts/constraint.py
     "smc": "smc",
     "ensemble": "smc",
     "exact": "smc",
@@ -36,7 +36,6 @@ PLACEMENT = {  # first path component under smc_jax/ (module name without .py) -
     "plots": "top",
     "learn": "top",
     "sharding": "top",
-    "constraints": "top",
     "evaluation": "top",
     "tasks": "top",
     "__init__": "top",  # the package root re-exports the public names of every layer

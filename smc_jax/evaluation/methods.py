@@ -40,7 +40,7 @@ class Method:
     resample_finished : bool
         False: resample only the active particles.
     constrained : bool
-        The instance's constraint (`instance_constraint`) as a factor of the target.
+        Put the instance's constraint (`instance_constraint`) on the outputs as a factor.
     """
 
     name: str

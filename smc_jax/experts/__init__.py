@@ -2,12 +2,11 @@
 constraint experts (0/1 potentials from automata)."""
 
 from smc_jax.experts.base import ExpertGroup, ExpertStack, eos_symbol, stack_experts, take_particles, where_active
-from smc_jax.experts.constraint import Automaton, AutomatonTooLargeError, ConstraintExpert
 from smc_jax.experts.scoring import Scores, pad_sequences, sequence_logprobs, target_symbols, teacher_force
 from smc_jax.experts.toy import NGramExpert, TableExpert
 
 __all__ = [
     "ExpertGroup", "ExpertStack", "eos_symbol", "stack_experts", "take_particles", "where_active",
     "NGramExpert", "TableExpert", "Scores", "pad_sequences", "sequence_logprobs", "target_symbols",
-    "teacher_force", "Automaton", "AutomatonTooLargeError", "ConstraintExpert",
-]
+    "teacher_force",
+]  # the constraint expert (experts.constraint) is public as smc_jax.constraints

@@ -277,20 +277,20 @@ class ConstraintExpert:
     target, f(p(x)) C(x) on strings of length <= L, is unchanged; particles are no longer
     steered into structures they cannot close before the limit (where they would die).
 
-    Attributes
+    Parameters
     ----------
-    transitions : int array [S, A]
-        The automaton's next state per state and symbol (the last state is dead).
-    accepting : bool array [S]
-        The accepting states.
-    distance : int array [S]
-        Fewest symbols from each state to acceptance.
+    transitions : jax.Array, shape [S, A]
+        The next automaton state of every state and symbol (the dead state absorbs).
+    accepting : jax.Array, shape [S]
+        Whether a state accepts (EOS allowed).
+    distance : jax.Array, shape [S]
+        The fewest symbols from a state to an accepting one (large for the dead state).
     alphabet_size : int
-        A, the expert alphabet's size.
-    horizon : int or None
-        The length limit viability looks ahead to (None: unbounded).
+        A: 256 bytes, or a model's vocabulary size.
+    horizon : int, optional
+        L for length-aware viability (None: no length limit).
     num_experts : int
-        The expert axis' size of this group (1).
+        Always 1: one constraint per expert group.
     """
 
     transitions: Int[Array, "S A"]
