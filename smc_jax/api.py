@@ -166,6 +166,7 @@ class EnsembleSampler:
     temperature: float = 1.0
     beam_width: int = DEFAULT_BEAM_WIDTH
     prune_threshold: float = DEFAULT_PRUNE_THRESHOLD
+    heal: bool = True  # token healing in byte beams (smc_jax.bytes.healing)
     at_max_length: str = "eos"
     progress: bool = False
     prompt_as_bytes: bool = False
@@ -264,7 +265,7 @@ class EnsembleSampler:
                 trie=trie,
                 allowed=jnp.asarray(allowed),
                 eos_ids=eos,
-                beam=BeamConfig(width=self.beam_width, threshold=self.prune_threshold),
+                beam=BeamConfig(width=self.beam_width, threshold=self.prune_threshold, heal=self.heal),
                 max_tokens=max_tokens,
                 temperature=self.temperature,
                 num_entries=num_entries,
@@ -346,18 +347,21 @@ def logprob(
     prune_threshold: float = DEFAULT_PRUNE_THRESHOLD,
     temperature: float = 1.0,
     prompt_as_bytes: bool = False,
+    heal: bool = True,
 ) -> ByteLogprob:
     """log P(continuation | prompt) under `model` read as a byte-level LM (natural log).
 
     `.prefix` is exact (the sum over all tokenizations) when the beam never prunes
     (prune_threshold=0 and a beam wider than the tokenizations alive), a lower bound otherwise;
-    `.complete` adds the end of string. For many strings under one prompt, build an
-    `EnsembleSampler` once and call its `logprob` (compiled once)."""
-    data = continuation.encode() if isinstance(continuation, str) else bytes(continuation)
-    sampler = EnsembleSampler(experts=(Expert(model, prompt),), level="byte", num_particles=1,
-                              max_length=max(len(data), 1), temperature=temperature, beam_width=beam_width,
-                              prune_threshold=prune_threshold, prompt_as_bytes=prompt_as_bytes)
-    return sampler.logprob(data)
+    `.complete` adds the end of string; `.healed` counts the bytes token healing rescued
+    (`heal`, see `smc_jax.bytes.healing`). Compiled programs are cached per model and reused
+    across prompts and continuations of similar lengths; for many pairs, `logprob_batch` scores
+    several per program run (`smc_jax.scorer`)."""
+    from smc_jax.scorer import scorer_for  # the scorer builds on this module
+
+    scorer = scorer_for(model, beam_width=beam_width, prune_threshold=prune_threshold, temperature=temperature,
+                        prompt_as_bytes=prompt_as_bytes, heal=heal)
+    return scorer(continuation, prompt)
 
 
 def sample(
