@@ -74,7 +74,7 @@ def main() -> None:
     rows = []
     for name in args.models:
         model = load_model(name)
-        for heal in (False, True):
+        for heal in (True, False):
             scorer = ByteScorer(model, heal=heal)
             for kind, data in corpus.items():
                 pieces = chunks(data, args.chunk)
@@ -107,7 +107,8 @@ def main() -> None:
         "compilation (one program per model and setting, shared by the texts). genlm-bytes is not "
         "installed in this environment: no comparison with its heal=True log-probabilities."
     )
-    print(save("bench_healing", rows, columns, {"chunk": args.chunk, "batch": args.batch, "beam": "width 5, threshold 0.05"}, notes))
+    name = "bench_healing" if len(args.models) > 1 else f"bench_healing_{args.models[0].split('-')[0]}"
+    print(save(name, rows, columns, {"chunk": args.chunk, "batch": args.batch, "beam": "width 5, threshold 0.05"}, notes))
 
 
 if __name__ == "__main__":
