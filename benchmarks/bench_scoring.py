@@ -40,8 +40,8 @@ def pairs(n: int, seed: int = 0) -> list[tuple[str, str]]:
     rng = random.Random(seed)
     out = set()
     while len(out) < n:
-        prompt = " ".join(rng.choice(WORDS) for _ in range(rng.randint(1, 12)))
-        cont = " " + " ".join(rng.choice(WORDS) for _ in range(rng.randint(1, 8)))
+        prompt = " ".join(rng.choice(WORDS) for _ in range(rng.randint(1, 6)))
+        cont = " " + " ".join(rng.choice(WORDS) for _ in range(rng.randint(1, 3)))
         out.add((prompt.capitalize(), cont))
     return sorted(out)
 
