@@ -36,6 +36,10 @@ keeps (`shift_requests`, usually nothing). Symmetrically, a call made by the shi
 extensions the distribution after it may need among those whose parents exist already
 (`lookahead_requests`), so a byte step rarely calls twice. Shapes: M particles, C = K (1 + D)
 slots, D = the trie's max duplicates, H = C + C D candidates of a shift.
+
+A byte that none of the kept hypotheses can read empties the beam: token healing
+(`smc_jax.bytes.healing`, `BeamConfig.heal`, on by default) then backs off into a hypothesis'
+current token and re-reads its bytes with another tokenization.
 """
 
 from __future__ import annotations
