@@ -7,29 +7,26 @@ jitted scan per setting; the median of repeated runs after a warm-up (compilatio
 reported separately). Reports bytes/s (M * T / seconds), model calls per byte (sequential
 batched calls / T) and rows per call. Writes benchmarks/results/bench_bytes.{json,md}.
 
-Run: python benchmarks/bench_bytes.py [--bytes 64] [--repeats 3]
+Run: python -m benchmarks.bench_bytes [--bytes 64] [--repeats 3]
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import sys
-from pathlib import Path
 import time
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's smc_jax and benchmarks
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-from tqdm import tqdm  # noqa: E402
+import jax
+import jax.numpy as jnp
+import numpy as np
+from tqdm import tqdm
 
-from benchmarks.common import save, timed  # noqa: E402
-from smc_jax import load_model  # noqa: E402
-from smc_jax.api import EnsembleSampler, Expert  # noqa: E402
-from smc_jax.models.contexts import context_stats  # noqa: E402
+from benchmarks.common import save, timed
+from smc_jax import load_model
+from smc_jax.api import EnsembleSampler, Expert
+from smc_jax.models.contexts import context_stats
 
 TEXT = (
     "The history of science is full of people who were both careful observers and gifted writers. "
@@ -80,7 +77,7 @@ def main() -> None:
             state, _ = jax.block_until_ready(read(experts, data))
             problem = experts.failure(state)
             if problem is not None:
-                raise RuntimeError(problem)
+                raise problem
             return experts
 
         start = time.perf_counter()

@@ -19,7 +19,7 @@ vocabulary each) do not depend on L. Freed entries and contexts are reused, so m
 in L through the KV pool only, like one KV cache per particle, and does not grow with the number
 of contexts ever computed. Writes benchmarks/results/bench_memory.{json,md,png}.
 
-Run: python benchmarks/bench_memory.py [--lengths 40 80 160 320] [--runs 2]
+Run: python -m benchmarks.bench_memory [--lengths 40 80 160 320] [--runs 2]
 """
 
 from __future__ import annotations
@@ -34,9 +34,8 @@ import sys
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's smc_jax and benchmarks
 
-from benchmarks.common import RESULTS, save  # noqa: E402
+from benchmarks.common import RESULTS, save
 
 MODEL = "smollm2-135m-instruct"
 PROMPTS = ("My favorite physicist is", "My favorite author is")

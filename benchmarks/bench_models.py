@@ -10,7 +10,7 @@ Threads: PyTorch runs with OMP_NUM_THREADS=1 / torch.set_num_threads(1) (with tw
 slows down erratically when another process is busy). XLA runs with its defaults: its CPU client
 spreads large matmuls over an Eigen thread pool with one thread per core (2 here).
 
-    python benchmarks/bench_models.py            # writes benchmarks/results/models_cpu.{json,md}
+    python -m benchmarks.bench_models            # writes benchmarks/results/models_cpu.{json,md}
 """
 
 from __future__ import annotations
@@ -67,8 +67,6 @@ def _peak_rss_mb() -> float:
 def worker_jax(model_name: str, unroll_layers: bool = False) -> dict:
     import jax
     import jax.numpy as jnp
-
-    sys.path.insert(0, str(ROOT))
     from smc_jax.models import load_model
     from smc_jax.models.lm import decode_step
 
@@ -110,8 +108,6 @@ def worker_jax_unrolled(model_name: str) -> dict:
 def worker_torch(model_name: str) -> dict:
     import torch
     from transformers import AutoModelForCausalLM
-
-    sys.path.insert(0, str(ROOT))
     from smc_jax.models.registry import resolve
 
     torch.set_num_threads(int(THREADS))
@@ -155,7 +151,6 @@ def worker_torch(model_name: str) -> dict:
 
 def worker_convert(model_name: str) -> dict:
     """Our first load of the GGUF file (parse, dequantize, tokenizer) with an empty weights cache."""
-    sys.path.insert(0, str(ROOT))
     from smc_jax.models import load_model
     from smc_jax.models.weights_cache import CACHE_DIR_ENV
 

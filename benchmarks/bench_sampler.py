@@ -12,25 +12,22 @@ warm-up call whose time (compilation) is reported separately:
 * cross-model byte SMC, M = 10: SmolLM2 x Gemma 3 under prompt 1.
 
 Generation stops at EOS or at the length limit (tokens, or bytes at the byte level).
-Writes benchmarks/results/bench_sampler.{json,md}. Run: python benchmarks/bench_sampler.py
+Writes benchmarks/results/bench_sampler.{json,md}. Run: python -m benchmarks.bench_sampler
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import sys
-from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's smc_jax and benchmarks
 
-from tqdm import tqdm  # noqa: E402
+from tqdm import tqdm
 
-from benchmarks.common import save, timed  # noqa: E402
-from smc_jax import load_model  # noqa: E402
-from smc_jax.api import EnsembleSampler, Expert  # noqa: E402
-from smc_jax.tasks import get_task  # noqa: E402
+from benchmarks.common import save, timed
+from smc_jax import load_model
+from smc_jax.api import EnsembleSampler, Expert
+from smc_jax.tasks import get_task
 
 
 def as_text(chat) -> str:

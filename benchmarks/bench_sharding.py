@@ -14,7 +14,7 @@ ancestors, allclose weights) and reports compile time, the median wall time of a
 speed-up t_1 / t_N and the scaling efficiency t_1 / (N t_N). Simulated devices share the same
 CPU cores (2 here), so the timings measure the overhead of sharding, not a speed-up: this
 benchmark checks correctness. Writes benchmarks/results/bench_sharding.{json,md}.
-Run: python benchmarks/bench_sharding.py [--repeats 3] [--devices 1 2 4 8]
+Run: python -m benchmarks.bench_sharding [--repeats 3] [--devices 1 2 4 8]
 """
 
 from __future__ import annotations
@@ -29,7 +29,6 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # this checkout's smc_jax and benchmarks
 
 WORKLOADS = ("toy n-grams", "token experts")
 NOTES = """
@@ -148,7 +147,7 @@ def main() -> None:
         for n in tqdm(args.devices, desc="device counts", unit="run"):
             env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={n}", JAX_PLATFORMS="cpu")
             out = Path(tmp) / f"{n}.npz"
-            proc = subprocess.run([sys.executable, __file__, "--worker", str(n), "--repeats", str(args.repeats),
+            proc = subprocess.run([sys.executable, "-m", "benchmarks.bench_sharding", "--worker", str(n), "--repeats", str(args.repeats),
                                    "--out", str(out)], env=env, capture_output=True, text=True, cwd=ROOT)
             if proc.returncode:
                 sys.exit(f"the {n}-device worker failed:\n{proc.stderr[-4000:]}")

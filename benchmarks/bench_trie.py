@@ -12,7 +12,7 @@ exactness of
 
 Exactness is measured against float64 on two distributions: softmax of N(0, 3^2) logits
 ("peaked") and of N(0, 40^2) logits ("wide": most tokens below exp's f32 range). Writes
-benchmarks/results/bench_trie.{json,md}. Run: python benchmarks/bench_trie.py
+benchmarks/results/bench_trie.{json,md}. Run: python -m benchmarks.bench_trie
 """
 
 from __future__ import annotations

@@ -49,9 +49,9 @@ def markdown_table(rows: Sequence[dict[str, Any]], columns: Sequence[str]) -> st
     def fmt(v: Any) -> str:
         if isinstance(v, float):
             return f"{v:.3g}" if abs(v) < 1000 else f"{v:.0f}"
-        return str(v)
+        return str(v).replace("|", "\\|")  # a literal | (e.g. |x|) must not split the cell
 
-    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines = ["| " + " | ".join(fmt(c) for c in columns) + " |", "|" + "---|" * len(columns)]
     lines += ["| " + " | ".join(fmt(r.get(c, "")) for c in columns) + " |" for r in rows]
     return "\n".join(lines)
 

@@ -11,7 +11,7 @@ rerun freely. Writes benchmarks/results/<name>.{json,md}.
 
 CPU, embedded models (the committed results; about 10 minutes on 2 cores):
 
-    python benchmarks/evaluate.py --tasks json word_sorting sql --methods prompt1 prompt2 local token \\
+    python -m benchmarks.evaluate --tasks json word_sorting sql --methods prompt1 prompt2 local token \\
         --limit 3 --particles 8 --seeds 0 1 2 --max-length 32 --temperature 0.5 --name evaluate_cpu
 
 Quick check (one instance, one seed): add --limit 1 --seeds 0 --particles 2 --max-length 8.
@@ -21,7 +21,7 @@ chat template): --methods byte cross_byte cross_a cross_b --max-bytes 64.
 GPU, the paper's models from local checkpoints (Hugging Face directories), the paper's settings
 (100 instances, M = 10, 5 seeds, temperature 1, resampling threshold 0.9):
 
-    python benchmarks/evaluate.py --model /ckpt/Llama-3.1-8B-Instruct --cross-model /ckpt/Qwen2.5-7B-Instruct \\
+    python -m benchmarks.evaluate --model /ckpt/Llama-3.1-8B-Instruct --cross-model /ckpt/Qwen2.5-7B-Instruct \\
         --dtype bfloat16 --tasks json word_sorting sql \\
         --methods prompt1 prompt2 local token byte cross_byte cross_a cross_b \\
         --limit 100 --particles 10 --seeds 0 1 2 3 4 --max-length 512 --max-bytes 2048 \\
@@ -32,17 +32,15 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import time
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's smc_jax and benchmarks
 
-from benchmarks.common import RESULTS, save  # noqa: E402
-from benchmarks.evaluation_cli import add_common_arguments, command_line, LazyModelRunner, json_safe, settings_from  # noqa: E402
-from smc_jax.evaluation import METHODS, RecordStore, load_instances, plan, run_jobs, select  # noqa: E402
-from smc_jax.evaluation.report import table5_rows  # noqa: E402
+from benchmarks.common import RESULTS, save
+from benchmarks.evaluation_cli import add_common_arguments, command_line, LazyModelRunner, json_safe, settings_from
+from smc_jax.evaluation import METHODS, RecordStore, load_instances, plan, run_jobs, select
+from smc_jax.evaluation.report import table5_rows
 
 TASKS = ("json", "word_sorting", "sql")
 TABLE5_METHODS = ("prompt1", "prompt2", "local", "token", "byte", "cross_byte", "cross_a", "cross_b")

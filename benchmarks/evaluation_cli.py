@@ -7,6 +7,7 @@ import argparse
 import math
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from smc_jax.evaluation import PAPER_FS, Settings, get_method
@@ -40,7 +41,7 @@ def add_common_arguments(parser: argparse.ArgumentParser, *, particles: Sequence
                              "weighted by its probability")
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--ess-threshold", type=float, default=0.9, help="resample when ESS < threshold x M")
-    parser.add_argument("--data-dir", default=None, help="task data folder (default $SMC_JAX_DATA or ../shared/data)")
+    parser.add_argument("--data-dir", default=None, help="task data folder (default $SMC_JAX_DATA, else the data bundled with smc_jax)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
@@ -93,4 +94,5 @@ def json_safe(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def command_line() -> str:
-    return "python " + " ".join(sys.argv)
+    """The command that reproduces this run (`python -m benchmarks.<name> ...`)."""
+    return " ".join([f"python -m benchmarks.{Path(sys.argv[0]).stem}", *sys.argv[1:]])

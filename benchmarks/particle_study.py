@@ -24,12 +24,12 @@ Runs are appended to the JSONL file --out and skipped when already there (resuma
 CPU, embedded model (the committed results, about 25 minutes on 2 cores; see the README's
 Evaluation section for the exact command and shared record file):
 
-    python benchmarks/particle_study.py --task word_sorting --max-words 3 --limit 4 \\
+    python -m benchmarks.particle_study --task word_sorting --max-words 3 --limit 4 \\
         --particles 2 4 8 16 --seeds 0 1 2 --max-length 20 --temperature 0.5 --is-fs min product
 
 GPU, a paper model from a local checkpoint (M up to 75 as in the paper's study):
 
-    python benchmarks/particle_study.py --model /ckpt/Llama-3.1-8B-Instruct --dtype bfloat16 \\
+    python -m benchmarks.particle_study --model /ckpt/Llama-3.1-8B-Instruct --dtype bfloat16 \\
         --task word_sorting --limit 100 --particles 5 10 25 50 75 --seeds 0 1 2 3 4 \\
         --max-length 512 --at-max-length eos --out runs/particles_llama.jsonl --name particle_study_llama
 """
@@ -44,12 +44,11 @@ import time
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's smc_jax and benchmarks
 
-from benchmarks.common import RESULTS, markdown_table, save  # noqa: E402
-from benchmarks.evaluation_cli import add_common_arguments, command_line, LazyModelRunner, json_safe, settings_from  # noqa: E402
-from smc_jax.evaluation import STUDY_LEVELS, RecordStore, get_method, load_instances, plan, run_jobs, select  # noqa: E402
-from smc_jax.evaluation.report import (  # noqa: E402
+from benchmarks.common import RESULTS, markdown_table, save
+from benchmarks.evaluation_cli import add_common_arguments, command_line, LazyModelRunner, json_safe, settings_from
+from smc_jax.evaluation import STUDY_LEVELS, RecordStore, get_method, load_instances, plan, run_jobs, select
+from smc_jax.evaluation.report import (
     PERCENT, correlations, logz_by_particles, mixture_check, plot_logz_vs_particles, plot_zscores, seed_interval,
     smc_vs_is,
 )

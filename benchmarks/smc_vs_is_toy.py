@@ -20,7 +20,7 @@ their weights), which removes the second regime's loss.
 Runs are paired (run i of SMC and of IS share a key: identical until the first resampling);
 mean +- 95% normal interval over the pairs. Deterministic for a seed; no timing.
 
-    python benchmarks/smc_vs_is_toy.py            # 2000 pairs per cell, about 30 seconds on 2 cores
+    python -m benchmarks.smc_vs_is_toy            # 2000 pairs per cell, about 30 seconds on 2 cores
 """
 
 from __future__ import annotations
@@ -28,20 +28,16 @@ from __future__ import annotations
 import argparse
 import itertools
 import math
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's smc_jax and benchmarks
+import jax
+import numpy as np
+from tqdm import tqdm
 
-import jax  # noqa: E402
-import numpy as np  # noqa: E402
-from tqdm import tqdm  # noqa: E402
-
-from benchmarks.common import save  # noqa: E402
-from smc_jax.ensemble import make_ensemble  # noqa: E402
-from smc_jax.experts.base import ExpertStack  # noqa: E402
-from smc_jax.experts.toy import NGramExpert  # noqa: E402
-from smc_jax.smc.engine import SMC, run_batch  # noqa: E402
+from benchmarks.common import save
+from smc_jax.ensemble import make_ensemble
+from smc_jax.experts.base import ExpertStack
+from smc_jax.experts.toy import NGramExpert
+from smc_jax.smc.engine import SMC, run_batch
 
 Z_95 = 1.959963984540054
 

@@ -1,4 +1,4 @@
-"""The ensemble sampler in a few calls: experts are (model, prompt) pairs.
+"""The ensemble sampler in a few calls: experts are (model, prompt) pairs::
 
     import smc_jax as sj
     smol = sj.load_model("smollm2-135m-instruct")
@@ -16,40 +16,45 @@ that share a model form one group: their prompts are batched through one set of 
 from __future__ import annotations
 
 import dataclasses
-import math
 import time
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from functools import partial
-from typing import Any, Literal
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh
 
-from smc_jax.bytes.beam import BeamConfig
 from smc_jax.experts.byte import ByteExperts, ByteLogprob, byte_logprob
 from smc_jax.bytes.trie import TokenTrie
 from smc_jax.bytes.vocab import token_byte_strings
-from smc_jax.ensemble import Ensemble, make_ensemble
+from smc_jax.ensemble import Ensemble, constrained, make_ensemble
+from smc_jax.experts.constraint import Automaton
 from smc_jax.experts.base import ExpertStack
 from smc_jax.experts.token import TokenExperts
 from smc_jax.models.cache import CacheCapacityError
+from smc_jax.models.contexts import ContextStoreOverflowError
 from smc_jax.models.lm import LanguageModel, prompt_bucket
 from smc_jax.models.paged import PagedTransformer
+from smc_jax.models.tokenizer import check_prompt
 from smc_jax.models import transformer
+from smc_jax.settings import (  # noqa: F401 (DEFAULT_* and Level: re-exported names)
+    DEFAULT_BEAM_WIDTH,
+    DEFAULT_PRUNE_THRESHOLD,
+    DEFAULTS,
+    LEVELS,
+    Level,
+    SamplerSettings,
+)
+from smc_jax.settings import names as setting_names
 from smc_jax.sharding import ParamRules, check_mesh, resolve_rules, sample_sharded, shard_experts
 from smc_jax.smc.engine import SMC
 from smc_jax.smc.result import SMCResult
 
 Prompt = str | Sequence[Mapping[str, str]]
-Level = Literal["token", "byte", "local"]
-LEVELS = ("token", "byte", "local")
-
-#: Beam settings of the paper's byte-level experiments (and GenLM's defaults in our comparisons).
-DEFAULT_BEAM_WIDTH = 5
-DEFAULT_PRUNE_THRESHOLD = 0.05
+SETTING_NAMES = frozenset(setting_names())
 #: Context-store growth factor when a run overflows its starting capacity.
 CAPACITY_GROWTH = 2
 #: Largest context-store scale tried before an overflow is reported.
@@ -60,16 +65,36 @@ CONTEXTS_PER_BEAM_SLOT = 3
 
 @dataclasses.dataclass(frozen=True)
 class Expert:
-    """One expert: a model under a prompt (raw text, or chat messages for its chat template)."""
+    """One expert: a model under a prompt (raw text, or chat messages for its chat template).
+
+    Attributes
+    ----------
+    model : LanguageModel
+        The model, from `load_model`.
+    prompt : str or list of dict
+        Raw text, or chat messages (``{"role": ..., "content": ...}``) rendered with the model's
+        chat template.
+    """
 
     model: LanguageModel
     prompt: Prompt
 
+    def __post_init__(self):
+        check_prompt(self.prompt)  # a clear error now, not a tokenizer TypeError later
+
     def prompt_ids(self) -> list[int]:
+        """The prompt's token ids (the chat template applied to messages; raw text tokenized canonically)."""
         return self.model.encode_prompt(self.prompt)
 
 
 def as_experts(experts: Sequence[Expert | tuple[LanguageModel, Prompt]]) -> list[Expert]:
+    """`Expert` objects from experts given as `Expert` or `(model, prompt)` pairs.
+
+    Parameters
+    ----------
+    experts : sequence of Expert or (LanguageModel, prompt) tuples
+        At least one expert.
+    """
     if experts is None or len(experts) == 0:
         raise ValueError("an ensemble needs at least one expert: pass [(model, prompt), ...]")
     out = []
@@ -81,6 +106,26 @@ def as_experts(experts: Sequence[Expert | tuple[LanguageModel, Prompt]]) -> list
         else:
             raise TypeError(f"expert {i} must be (model, prompt) with a model from smc_jax.load_model, got {e!r}")
     return out
+
+
+def as_constraints(constraint) -> tuple[Automaton, ...]:
+    """None, one compiled constraint or a sequence of them, as a tuple (checked).
+
+    Parameters
+    ----------
+    constraint : Automaton, sequence of Automaton or None
+        From `smc_jax.constraints.regex` / `json_schema`.
+    """
+    if constraint is None:
+        return ()
+    items = (constraint,) if isinstance(constraint, Automaton) else tuple(constraint)
+    for c in items:
+        if not isinstance(c, Automaton):
+            raise TypeError(
+                f"a constraint is a compiled automaton from smc_jax.constraints.regex(...) or "
+                f".json_schema(...), got {type(c).__name__}"
+            )
+    return items
 
 
 def _groups(experts: list[Expert]) -> list[tuple[LanguageModel, list[int]]]:
@@ -108,7 +153,19 @@ def prefill_prompts(
     model: LanguageModel, prompts: Sequence[Prompt] | Sequence[Sequence[int]], max_new_tokens: int, token_ids: bool = False
 ):
     """Prompt caches of K prompts padded to one bucket size, stacked, and their next-token logits
-    (prompts are text or chat messages, or token ids when `token_ids`)."""
+    (prompts are text or chat messages, or token ids when `token_ids`).
+
+    Parameters
+    ----------
+    model : LanguageModel
+        The model the prompts are read by.
+    prompts : sequence of prompts, or of token id sequences
+        K prompts.
+    max_new_tokens : int
+        Tokens each prompt's continuation may add (sets the bucket).
+    token_ids : bool
+        The prompts are token ids already.
+    """
     ids = [list(p) for p in prompts] if token_ids else [model.encode_prompt(p) for p in prompts]
     for i, seq in enumerate(ids):
         if len(seq) == 0:
@@ -130,7 +187,13 @@ _BYTE_VOCABS: "weakref.WeakKeyDictionary[LanguageModel, tuple[TokenTrie, np.ndar
 
 
 def byte_vocabulary(model: LanguageModel) -> tuple[TokenTrie, np.ndarray]:
-    """The model's token trie and the mask of ids a byte-level LM may use (byte tokens + EOS)."""
+    """The model's token trie and the mask of ids a byte-level LM may use (byte tokens + EOS).
+
+    Parameters
+    ----------
+    model : LanguageModel
+        A model with its tokenizer.
+    """
     if model not in _BYTE_VOCABS:
         if model.tokenizer is None:
             raise ValueError(f"{model.name} has no tokenizer, so its tokens' bytes are unknown")
@@ -141,81 +204,94 @@ def byte_vocabulary(model: LanguageModel) -> tuple[TokenTrie, np.ndarray]:
     return _BYTE_VOCABS[model]
 
 
-@dataclasses.dataclass(frozen=True)
 class EnsembleSampler:
     """A reusable sampler for fixed experts and settings (compiled once, then one call per seed).
 
-    See `sample` for the arguments. `sampler(seed)` returns an `SMCResult` whose texts are
-    decoded strings and whose `expert_logprobs[:, k]` follow the order of `experts`.
+    Parameters
+    ----------
+    experts : sequence of Expert or (model, prompt)
+        The experts; `sampler(seed)` returns an `SMCResult` whose texts are decoded strings and
+        whose `expert_logprobs[:, k]` follow this order.
+    f : str, float or Ensemble
+        The ensemble function (see `sample`).
+    weights : sequence of float, optional
+        Expert weights on the simplex (uniform by default).
+    settings : SamplerSettings, optional
+        How to sample (`smc_jax.settings`); its defaults are the library's.
+    mesh : jax.sharding.Mesh, optional
+        A device mesh from `smc_jax.sharding.make_mesh` to split the particles over (M must be
+        a multiple of its "particles" size). Same seed, same result with or without a mesh.
+    sharding_rules : str or ParamRules
+        How model weights use the mesh's "model" axis ("replicated", "tensor_parallel" or a
+        rule table; see `smc_jax.sharding`).
+    **options
+        Any `SamplerSettings` field by name (level, num_particles, max_length, beam_width, ...),
+        overriding `settings`; e.g. ``EnsembleSampler(experts, level="token", num_particles=4)``.
 
-    mesh: a device mesh from `smc_jax.sharding.make_mesh` to split the particles over (M must be
-    a multiple of its "particles" size); sharding_rules: how model weights use its "model" axis
-    ("replicated", "tensor_parallel" or a rule table; see `smc_jax.sharding`). Same seed, same
-    result with or without a mesh. resample_finished: True (the paper's Alg. 1) resamples all
-    particles; False only those still extending (see `smc_jax.smc.engine`).
+    constraint : Automaton or sequence of Automaton, optional
+        Automata from `smc_jax.constraints` (see `sample`); each is a separate factor of the
+        target, read over bytes (level="byte") or the experts' shared tokens (a [states, V] table
+        built once per sampler); under at_max_length="eos" their viability looks max_length ahead.
+
+    The sampler owns its caches: the built expert groups (prompts prefilled once per context
+    store scale) and the store scale that the last overflow grew to.
     """
 
-    experts: tuple[Expert, ...]
-    f: str | float | Ensemble = "product"
-    weights: tuple[float, ...] | None = None
-    level: Level = "byte"
-    num_particles: int = 10
-    ess_threshold: float = 0.9
-    resampler: str = "multinomial"
-    max_length: int = 64
-    temperature: float = 1.0
-    beam_width: int = DEFAULT_BEAM_WIDTH
-    prune_threshold: float = DEFAULT_PRUNE_THRESHOLD
-    heal: bool = True  # token healing in byte beams (smc_jax.bytes.healing)
-    at_max_length: str = "eos"
-    progress: bool = False
-    prompt_as_bytes: bool = False
-    resample_finished: bool = True
-    mesh: Mesh | None = None
-    sharding_rules: str | ParamRules = "replicated"
-
-    def __post_init__(self):
-        object.__setattr__(self, "experts", tuple(as_experts(self.experts)))
-        object.__setattr__(self, "sharding_rules", resolve_rules(self.sharding_rules))
-        if self.mesh is not None:
-            check_mesh(self.mesh, self.num_particles)
-        if self.level not in LEVELS:
-            raise ValueError(f"unknown level {self.level!r}; use one of {LEVELS}")
-        if not self.temperature > 0:
-            raise ValueError(f"temperature must be > 0, got {self.temperature}")
-        if self.level != "byte":
+    def __init__(
+        self,
+        experts: Sequence[Expert | tuple[LanguageModel, Prompt]],
+        f: str | float | Ensemble = "product",
+        weights: Sequence[float] | None = None,
+        settings: SamplerSettings | None = None,
+        *,
+        mesh: Mesh | None = None,
+        sharding_rules: str | ParamRules = "replicated",
+        constraint: Automaton | Sequence[Automaton] | None = None,
+        **options: Any,
+    ):
+        self.settings = (settings if settings is not None else DEFAULTS).replace(**options)
+        self.experts = tuple(as_experts(experts))
+        self.f = f
+        self.weights = None if weights is None else tuple(float(w) for w in weights)
+        self.mesh = mesh
+        self.sharding_rules = resolve_rules(sharding_rules)
+        self.constraint = as_constraints(constraint)
+        s = self.settings
+        if mesh is not None:
+            check_mesh(mesh, s.num_particles)
+            if self.constraint:
+                raise ValueError("constraints are not supported with a device mesh yet; run without mesh=")
+        if s.level != "byte":
             first = self.experts[0].model
             for e in self.experts[1:]:
                 if not _same_tokenizer(first, e.model):
                     raise ValueError(
-                        f"level={self.level!r} needs experts that share one tokenizer, but {first.name} and "
+                        f"level={s.level!r} needs experts that share one tokenizer, but {first.name} and "
                         f"{e.model.name} tokenize differently; use level='byte' to ensemble them exactly"
                     )
-        if self.level == "byte" and not (self.beam_width >= 1 and 0 <= self.prune_threshold < 1):
-            raise ValueError("beam_width must be >= 1 and prune_threshold in [0, 1)")
-        if self.prompt_as_bytes:
-            if self.level != "byte":
-                raise ValueError("prompt_as_bytes reads prompts through the byte beam: it needs level='byte'")
-            if any(not isinstance(e.prompt, str) for e in self.experts):
-                raise ValueError("prompt_as_bytes takes raw-text prompts (chat templates hold control tokens)")
-        groups = _groups(list(self.experts))
-        order = [i for _, idx in groups for i in idx]
-        weights = None if self.weights is None else [self.weights[i] for i in order]
-        object.__setattr__(self, "_groups", groups)
-        object.__setattr__(self, "_order", np.asarray(order))
-        object.__setattr__(self, "_ensemble", make_ensemble(self.f, len(self.experts), weights))
-        object.__setattr__(self, "_smc", SMC(
-            num_particles=self.num_particles,
-            max_length=self.max_length,
-            ess_threshold=self.ess_threshold,
-            resampler=self.resampler,
-            method="local" if self.level == "local" else "smc",
-            at_max_length=self.at_max_length,
-            progress=self.progress,
-            resample_finished=self.resample_finished,
-        ))
-        object.__setattr__(self, "_capacity", {"scale": 1})
-        object.__setattr__(self, "_built", {})
+        if s.prompt_as_bytes and any(not isinstance(e.prompt, str) for e in self.experts):
+            raise ValueError("prompt_as_bytes takes raw-text prompts (chat templates hold control tokens)")
+        self._groups = _groups(list(self.experts))
+        order = [i for _, idx in self._groups for i in idx]
+        self._order = np.asarray(order)
+        ensemble = make_ensemble(f, len(self.experts), None if self.weights is None else [self.weights[i] for i in order])
+        self._ensemble = constrained(ensemble, len(self.constraint))
+        self._constraint_experts: list = []
+        self._smc = s.smc()
+        self._capacity_scale = 1
+        self._built: dict[int, Any] = {}
+
+    def __getattr__(self, name: str) -> Any:
+        # Settings read as attributes (sampler.level, sampler.max_length, ...), as before the
+        # settings object. Only called for names the instance does not have itself.
+        settings = self.__dict__.get("settings")
+        if settings is not None and name in SETTING_NAMES:
+            return getattr(settings, name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    def __repr__(self) -> str:
+        experts = ", ".join(f"({e.model.name}, {e.prompt!r})" for e in self.experts)
+        return f"EnsembleSampler(experts=[{experts}], f={self.f!r}, weights={self.weights!r}, {self.settings!r})"
 
     @property
     def ensemble(self) -> Ensemble:
@@ -228,8 +304,8 @@ class EnsembleSampler:
     def _group(self, model: LanguageModel, indices: list[int], scale: int):
         prompts = [self.experts[i].prompt for i in indices]
         prompt_bytes = prompt_lengths = None
-        max_tokens = self.max_length
-        if self.prompt_as_bytes:
+        max_tokens = self.settings.max_length
+        if self.settings.prompt_as_bytes:
             # GenLM's convention: the model sees only BOS; the prompt's bytes go through the beam.
             bos = model.tokenizer.bos_token_id if model.tokenizer else None
             if bos is None:
@@ -243,20 +319,20 @@ class EnsembleSampler:
             max_tokens += prompt_bytes.shape[1]
             prefixes, logits = prefill_prompts(model, [[bos]] * len(prompts), max_tokens, token_ids=True)
         else:
-            prefixes, logits = prefill_prompts(model, prompts, self.max_length)
+            prefixes, logits = prefill_prompts(model, prompts, self.settings.max_length)
         paged = PagedTransformer(params=model.params, config=model.config)
         eos = tuple(model.tokenizer.eos_token_ids) if model.tokenizer else ()
         if not eos:
             raise ValueError(f"{model.name} has no end-of-sequence token; cannot end strings")
-        m = self.num_particles
-        if self.level == "byte":
+        m = self.settings.num_particles
+        if self.settings.level == "byte":
             trie, allowed = byte_vocabulary(model)
             # Starting capacities far below the worst case (1 + M C (1 + 2 D) contexts): a
             # particle's beam holds a few distinct contexts (continuing hypotheses share theirs)
             # plus the few extensions that pass the threshold, and its paths share all but their
             # last tokens. Each context holds a sum tree of the vocabulary (2 MB for Gemma 3), so
             # this matters; a run that overflows is rerun with doubled capacities.
-            num_contexts = (1 + CONTEXTS_PER_BEAM_SLOT * m * self.beam_width) * scale
+            num_contexts = (1 + CONTEXTS_PER_BEAM_SLOT * m * self.settings.beam_width) * scale
             num_entries = (2 * m * (max_tokens + 1) + num_contexts) * scale
             return ByteExperts(
                 model=paged,
@@ -265,9 +341,9 @@ class EnsembleSampler:
                 trie=trie,
                 allowed=jnp.asarray(allowed),
                 eos_ids=eos,
-                beam=BeamConfig(width=self.beam_width, threshold=self.prune_threshold, heal=self.heal),
+                beam=self.settings.beam(),
                 max_tokens=max_tokens,
-                temperature=self.temperature,
+                temperature=self.settings.temperature,
                 num_entries=num_entries,
                 num_contexts=num_contexts,
                 prompt_bytes=prompt_bytes,
@@ -278,22 +354,46 @@ class EnsembleSampler:
             prefixes=prefixes,
             prompt_logits=logits,
             eos_ids=eos,
-            max_tokens=self.max_length,
-            temperature=self.temperature,
+            max_tokens=self.settings.max_length,
+            temperature=self.settings.temperature,
         )
 
     def build(self, scale: int = 1):
         """The expert groups (one per model) as one expert group for the sampler (prompts are
-        prefilled once per capacity scale and reused across seeds)."""
+        prefilled once per capacity scale and reused across seeds).
+
+        Parameters
+        ----------
+        scale : int
+            Multiplies the context stores' capacity (`grow_on_overflow` raises it).
+        """
         if scale not in self._built:
             groups = [self._group(model, idx, scale) for model, idx in self._groups]
+            groups += self.constraint_experts()
             built = groups[0] if len(groups) == 1 else ExpertStack(groups=tuple(groups))
             self._built.clear()
             self._built[scale] = built if self.mesh is None else shard_experts(built, self.mesh, self.sharding_rules)
         return self._built[scale]
 
+    def constraint_experts(self) -> list:
+        """The constraints read over the sampler's alphabet: bytes, or the experts' shared tokens
+        (tables computed once per sampler)."""
+        if not self._constraint_experts and self.constraint:
+            # Under a forced EOS, strings end by max_length: viability looks that far only.
+            horizon = self.settings.max_length if self.settings.at_max_length == "eos" else None
+            if self.settings.level == "byte":
+                built = [c.byte_expert(horizon) for c in self.constraint]
+            else:
+                model = self.experts[0].model
+                if model.tokenizer is None:
+                    raise ValueError(f"{model.name} has no tokenizer, so a constraint cannot read its tokens")
+                vocab = token_byte_strings(model.tokenizer.hf, vocab_size=model.config.vocab_size)
+                built = [c.token_expert(vocab.byte_strings, horizon) for c in self.constraint]
+            self._constraint_experts.extend(built)
+        return list(self._constraint_experts)
+
     def _decode(self) -> Callable[[np.ndarray], str]:
-        if self.level == "byte":
+        if self.settings.level == "byte":
             return lambda symbols: bytes(int(s) for s in symbols).decode("utf-8", errors="replace")
         tok = self.experts[0].model.tokenizer
         return lambda symbols: tok.decode([int(s) for s in symbols])
@@ -301,40 +401,75 @@ class EnsembleSampler:
     @property
     def capacity_scale(self) -> int:
         """The context-store scale runs use now (1, doubled each time a run overflowed)."""
-        return self._capacity["scale"]
+        return self._capacity_scale
 
     def grow_on_overflow(self, run: Callable[[Any], Any]) -> Any:
         """`run(experts)`, rebuilt with a bigger context store while it raises an overflow error
-        (the store only holds what is alive, so a larger one changes no result)."""
-        scale = self._capacity["scale"]
+        (the store only holds what is alive, so a larger one changes no result).
+
+        Parameters
+        ----------
+        run : callable
+            Called with the built expert group; its result is returned.
+        """
+        scale = self._capacity_scale
         while True:
             try:
                 return run(self.build(scale))
-            except RuntimeError as err:
-                if "overflowed" not in str(err) or scale >= MAX_CAPACITY_SCALE:
+            except ContextStoreOverflowError:
+                if scale >= MAX_CAPACITY_SCALE:
                     raise
                 scale *= CAPACITY_GROWTH
-                self._capacity["scale"] = scale
+                self._capacity_scale = scale
 
     def __call__(self, seed: int | jax.Array = 0, *, allow_zero_weight: bool = False) -> SMCResult:
+        """Samples once.
+
+        Parameters
+        ----------
+        seed : int or jax.Array
+            The seed, or a PRNG key.
+        allow_zero_weight : bool
+            Return the result even when every particle ends at zero weight (else `ZeroWeightError`).
+
+        Returns
+        -------
+        SMCResult
+            M weighted particles with decoded `texts`; `expert_logprobs` is [M, K] in the order of
+            `experts`.
+        """
         key = jax.random.key(seed) if isinstance(seed, int) else seed
         start = time.perf_counter()
         run = self._smc if self.mesh is None else partial(sample_sharded, self._smc, mesh=self.mesh, rules=self.sharding_rules)
         result = self.grow_on_overflow(
             lambda experts: run(key, experts, self._ensemble, decode=self._decode(), allow_zero_weight=allow_zero_weight))
         inverse = np.argsort(self._order)
-        stats = dict(result.stats, seconds=time.perf_counter() - start, level=self.level)
-        return dataclasses.replace(result, expert_logprobs=result.expert_logprobs[:, inverse], stats=stats)
+        stats = dict(result.stats, seconds=time.perf_counter() - start, level=self.settings.level)
+        # The constraints' columns (log C(x): 0, or -inf for particles that died) are dropped:
+        # a particle's weight and `finished` flag already say whether it is in the language.
+        models_logprobs = result.expert_logprobs[:, : len(self.experts)][:, inverse]
+        return dataclasses.replace(result, expert_logprobs=models_logprobs, stats=stats)
 
     def logprob(self, continuation: str | bytes) -> ByteLogprob:
         """Natural-log probabilities of `continuation` (UTF-8 when a str) after the prompt of the
         sampler's single byte-level expert: as a prefix, as a complete string (then EOS), per
-        byte, and the next-byte distribution after it (see `ByteLogprob`)."""
-        if self.level != "byte" or len(self.experts) != 1:
+        byte, and the next-byte distribution after it (see `ByteLogprob`).
+
+        Parameters
+        ----------
+        continuation : str or bytes
+            The string scored after the prompt.
+
+        Returns
+        -------
+        ByteLogprob
+            `.prefix`, `.complete` (floats), `.conditionals` [n] and `.next_logprobs` [257].
+        """
+        if self.settings.level != "byte" or len(self.experts) != 1:
             raise ValueError("logprob scores under one byte-level expert: EnsembleSampler(experts=(one,), level='byte')")
         data = continuation.encode() if isinstance(continuation, str) else bytes(continuation)
-        if len(data) > self.max_length:
-            raise ValueError(f"the continuation has {len(data)} bytes, more than max_length={self.max_length}; raise max_length")
+        if len(data) > self.settings.max_length:
+            raise ValueError(f"the continuation has {len(data)} bytes, more than max_length={self.settings.max_length}; raise max_length")
         return self.grow_on_overflow(lambda experts: byte_logprob(experts, data))
 
 
@@ -343,11 +478,11 @@ def logprob(
     continuation: str | bytes,
     prompt: Prompt = "",
     *,
-    beam_width: int = DEFAULT_BEAM_WIDTH,
-    prune_threshold: float = DEFAULT_PRUNE_THRESHOLD,
-    temperature: float = 1.0,
-    prompt_as_bytes: bool = False,
-    heal: bool = True,
+    beam_width: int = DEFAULTS.beam_width,
+    prune_threshold: float = DEFAULTS.prune_threshold,
+    temperature: float = DEFAULTS.temperature,
+    prompt_as_bytes: bool = DEFAULTS.prompt_as_bytes,
+    heal: bool = DEFAULTS.heal,
 ) -> ByteLogprob:
     """log P(continuation | prompt) under `model` read as a byte-level LM (natural log).
 
@@ -356,7 +491,34 @@ def logprob(
     `.complete` adds the end of string; `.healed` counts the bytes token healing rescued
     (`heal`, see `smc_jax.bytes.healing`). Compiled programs are cached per model and reused
     across prompts and continuations of similar lengths; for many pairs, `logprob_batch` scores
-    several per program run (`smc_jax.scorer`)."""
+    several per program run (`smc_jax.scorer`). Defaults: `SamplerSettings`.
+
+    Parameters
+    ----------
+    model : LanguageModel
+        The model read as a byte-level LM.
+    continuation : str or bytes
+        The scored string (UTF-8 when a str).
+    prompt : str or list of dict
+        Raw text or chat messages before it ("" for none).
+    beam_width : int
+        Beam width B of the beam over tokenizations.
+    prune_threshold : float
+        Relative pruning threshold (0: no pruning).
+    temperature : float
+        Divides the model's logits.
+    prompt_as_bytes : bool
+        Read a raw-text prompt through the byte beam from BOS (GenLM's convention).
+
+    heal : bool
+        Token healing when a byte empties the beam (`smc_jax.bytes.healing`).
+
+    Returns
+    -------
+    ByteLogprob
+        `.prefix`, `.complete` (floats), `.conditionals` [n bytes], `.next_logprobs` [257]
+        (index 256: EOS) and `.healed` (bytes healed).
+    """
     from smc_jax.scorer import scorer_for  # the scorer builds on this module
 
     scorer = scorer_for(model, beam_width=beam_width, prune_threshold=prune_threshold, temperature=temperature,
@@ -369,21 +531,23 @@ def sample(
     f: str | float | Ensemble = "product",
     *,
     weights: Sequence[float] | None = None,
-    level: Level = "byte",
-    num_particles: int = 10,
-    ess_threshold: float = 0.9,
-    resampler: str = "multinomial",
-    max_length: int = 64,
-    temperature: float = 1.0,
+    level: Level = DEFAULTS.level,
+    num_particles: int = DEFAULTS.num_particles,
+    ess_threshold: float = DEFAULTS.ess_threshold,
+    resampler: str = DEFAULTS.resampler,
+    max_length: int = DEFAULTS.max_length,
+    temperature: float = DEFAULTS.temperature,
     seed: int | jax.Array = 0,
-    beam_width: int = DEFAULT_BEAM_WIDTH,
-    prune_threshold: float = DEFAULT_PRUNE_THRESHOLD,
-    at_max_length: str = "eos",
-    prompt_as_bytes: bool = False,
-    resample_finished: bool = True,
+    beam_width: int = DEFAULTS.beam_width,
+    prune_threshold: float = DEFAULTS.prune_threshold,
+    at_max_length: str = DEFAULTS.at_max_length,
+    prompt_as_bytes: bool = DEFAULTS.prompt_as_bytes,
+    heal: bool = DEFAULTS.heal,
+    resample_finished: bool = DEFAULTS.resample_finished,
     allow_zero_weight: bool = False,
     mesh: Mesh | None = None,
     sharding_rules: str | ParamRules = "replicated",
+    constraint: Automaton | Sequence[Automaton] | None = None,
 ) -> SMCResult:
     """Samples from the global f-ensemble of the experts with SMC (or the local baseline).
 
@@ -396,6 +560,57 @@ def sample(
     Alg. 1, which resamples all; see `smc_jax.smc.engine`); seed: an int or a PRNG key (same
     seed, same result); mesh / sharding_rules: split the
     particles (and optionally the model weights) over several devices (see `EnsembleSampler`).
+    constraint: one or more automata from `smc_jax.constraints` (`regex`, `json_schema`), each a
+    separate factor of the target, Phi(x) ∝ f_w(p_1(x), ..., p_K(x)) * prod_j C_j(x) (the weights
+    stay on the models; with level="local" this is locally constrained decoding).
+    Every default is `smc_jax.settings.DEFAULTS`' (see `SamplerSettings` for why).
+
+    Parameters
+    ----------
+    experts : sequence of Expert or (LanguageModel, prompt) pairs
+        The K experts; a prompt is raw text or chat messages.
+    f : str, float or Ensemble
+        "min", "harmonic", "product", "mixture" / "sum", "quadratic", "max", an exponent tau, or
+        an `Ensemble` (`smc_jax.ensemble`).
+    weights : sequence of float, optional
+        K expert weights on the simplex (uniform by default).
+    level : {"token", "byte", "local"}
+        Symbols are tokens (experts share a tokenizer), bytes, or the token-local baseline.
+    num_particles : int
+        M.
+    ess_threshold : float
+        Resample when ESS < ess_threshold * M (0: importance sampling).
+    resampler : str
+        "multinomial", "systematic", "stratified" or "residual".
+    max_length : int
+        L, in symbols (tokens or bytes).
+    temperature : float
+        Divides every model's logits.
+    seed : int or jax.Array
+        The seed, or a PRNG key.
+    beam_width, prune_threshold : int, float
+        The byte level's beam over tokenizations.
+    at_max_length : {"eos", "truncate"}
+        Force EOS at L (target: Phi on strings of at most L symbols) or stop without it.
+    prompt_as_bytes : bool
+        Read raw-text prompts through the byte beam from BOS.
+    heal : bool
+        Byte level: token healing when a byte empties a beam (`smc_jax.bytes.healing`).
+    resample_finished : bool
+        False: resample only the particles still extending.
+    allow_zero_weight : bool
+        Return the result even when every particle ends at zero weight.
+    constraint : Automaton or sequence of Automaton, optional
+        Hard constraints from `smc_jax.constraints`, each a separate 0/1 factor of the target.
+    mesh : jax.sharding.Mesh, optional
+        Split the particles over this mesh's "particles" axis (`smc_jax.sharding.make_mesh`).
+    sharding_rules : str or tuple
+        Model weights on the mesh's "model" axis: "replicated", "tensor_parallel" or a rule table.
+
+    Returns
+    -------
+    SMCResult
+        M weighted particles with decoded `texts`, `log_Z` and diagnostics.
     """
     sampler = EnsembleSampler(
         experts=tuple(as_experts(experts)),
@@ -411,8 +626,10 @@ def sample(
         prune_threshold=prune_threshold,
         at_max_length=at_max_length,
         prompt_as_bytes=prompt_as_bytes,
+        heal=heal,
         resample_finished=resample_finished,
         mesh=mesh,
         sharding_rules=sharding_rules,
+        constraint=constraint,
     )
     return sampler(seed, allow_zero_weight=allow_zero_weight)

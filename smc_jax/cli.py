@@ -1,4 +1,4 @@
-"""Command line: `smc-jax sample` draws weighted samples from an f-ensemble of language models.
+"""Command line: `smc-jax sample` draws weighted samples from an f-ensemble of language models::
 
     smc-jax sample                                   # cross-tokenizer product of the embedded models
     smc-jax sample -e smollm2-135m-instruct "My favorite physicist is" \\
@@ -18,7 +18,9 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from smc_jax.ensemble import NAMED_TAUS
+from smc_jax.ensemble import NAMED_TAUS, make_ensemble
+from smc_jax.models.tokenizer import check_prompt
+from smc_jax.settings import DEFAULTS, LEVELS, SamplerSettings
 
 DEFAULT_EXPERTS = (
     ("smollm2-135m-instruct", "My favorite physicist is"),
@@ -40,6 +42,7 @@ def _f_value(text: str) -> str | float:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of `smc-jax` (subcommands `sample` and `models`)."""
     parser = argparse.ArgumentParser(
         prog="smc-jax",
         description="Sample strings from the global f-ensemble of language models with SMC (JAX).",
@@ -61,21 +64,28 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--f", type=_f_value, default="product",
                    help=f"ensemble function: one of {sorted(NAMED_TAUS)} or an exponent tau")
     s.add_argument("--weights", type=float, nargs="+", help="expert weights on the simplex (default uniform)")
-    s.add_argument("--level", choices=["byte", "token", "local"], default="byte",
+    s.add_argument("--level", choices=LEVELS, default=DEFAULTS.level,
                    help="byte: exact across tokenizers; token: experts share a tokenizer; local: token-local baseline")
-    s.add_argument("-M", "--particles", type=int, default=10, help="number of particles M")
-    s.add_argument("--ess-threshold", type=float, default=0.9, help="resample when ESS < threshold * M (0 = importance sampling)")
-    s.add_argument("--resampler", choices=["multinomial", "systematic", "stratified", "residual"], default="multinomial")
+    s.add_argument("-M", "--particles", type=int, default=DEFAULTS.num_particles, help="number of particles M")
+    s.add_argument("--ess-threshold", type=float, default=DEFAULTS.ess_threshold, help="resample when ESS < threshold * M (0 = importance sampling)")
+    s.add_argument("--resampler", choices=["multinomial", "systematic", "stratified", "residual"], default=DEFAULTS.resampler)
     s.add_argument("--resample-active-only", action="store_true",
                    help="resample only particles still extending; finished ones keep their weights "
                         "(the paper's Alg. 1 resamples all)")
-    s.add_argument("--max-length", type=int, default=40, help="longest continuation, in bytes (byte level) or tokens")
-    s.add_argument("--at-max-length", choices=["eos", "truncate"], default="truncate",
+    s.add_argument("--max-length", type=int, default=DEFAULTS.max_length, help="longest continuation, in bytes (byte level) or tokens")
+    s.add_argument("--at-max-length", choices=["eos", "truncate"], default=DEFAULTS.at_max_length,
                    help="eos: force EOS at the limit with its weight factor (target: strings <= max length); "
                    "truncate: stop there without it (unfinished strings, a prefix target)")
-    s.add_argument("--temperature", type=float, default=1.0, help="temperature of every expert")
-    s.add_argument("--beam-width", type=int, default=5, help="byte level: beam width K")
-    s.add_argument("--prune-threshold", type=float, default=0.05, help="byte level: relative prune threshold")
+    s.add_argument("--temperature", type=float, default=DEFAULTS.temperature, help="temperature of every expert")
+    s.add_argument("--beam-width", type=int, default=DEFAULTS.beam_width, help="byte level: beam width B")
+    s.add_argument("--prune-threshold", type=float, default=DEFAULTS.prune_threshold, help="byte level: relative prune threshold")
+    s.add_argument("--no-heal", action="store_true",
+                   help="byte level: no token healing (a byte that no kept tokenization can read gets probability 0)")
+    s.add_argument("--regex", metavar="PATTERN",
+                   help="constrain every sampled string to match this regular expression in full "
+                   "(a separate factor: Phi ∝ f(p_1..p_K) * 1{x matches}); checked before models load")
+    s.add_argument("--json-schema", type=Path, metavar="FILE",
+                   help="constrain every sampled string to a JSON text valid under this JSON Schema file")
     s.add_argument("--seed", type=int, default=0, help="PRNG seed (same seed, same result)")
     s.add_argument("--bf16", action="store_true", help="bfloat16 parameters (float32 log-probabilities); for accelerators")
     s.add_argument("--json", action="store_true", help="print the result as JSON instead of a table")
@@ -105,25 +115,75 @@ def _load_models(names: Sequence[str], bf16: bool, bar) -> dict:
     return models
 
 
+def settings_of(args: argparse.Namespace) -> SamplerSettings:
+    """The sampler settings the arguments ask for (raises ValueError for a bad one).
+
+    Parameters
+    ----------
+    args : argparse.Namespace
+        The parsed `smc-jax sample` arguments.
+    """
+    return DEFAULTS.replace(
+        level=args.level, num_particles=args.particles, max_length=args.max_length,
+        ess_threshold=args.ess_threshold, resampler=args.resampler,
+        resample_finished=not args.resample_active_only, at_max_length=args.at_max_length,
+        temperature=args.temperature, beam_width=args.beam_width, prune_threshold=args.prune_threshold,
+        heal=not args.no_heal, progress=not args.json,
+    )
+
+
+def validate(args: argparse.Namespace) -> tuple[list[tuple[str, str]], SamplerSettings]:
+    """Every check that needs no model, run before any model loads (loading takes a minute):
+    the sampler settings, f and the weights against the number of experts, the prompts' text
+    and the table size. Returns the (model, prompt) pairs and the settings.
+
+    Parameters
+    ----------
+    args : argparse.Namespace
+        The parsed `smc-jax sample` arguments.
+    """
+    pairs = [tuple(e) for e in args.expert] if args.expert else list(DEFAULT_EXPERTS)
+    settings = settings_of(args)
+    make_ensemble(args.f, len(pairs), args.weights)
+    for i, (_, prompt) in enumerate(pairs):
+        check_prompt(prompt, f"the prompt of expert {i}")
+    if args.top < 1:
+        raise ValueError(f"--top must be >= 1, got {args.top}")
+    return pairs, settings
+
+
+def _compile_constraints(args: argparse.Namespace) -> list:
+    from smc_jax import constraints
+
+    out = []
+    if args.regex is not None:
+        out.append(constraints.regex(args.regex))
+    if args.json_schema is not None:
+        out.append(constraints.json_schema(args.json_schema))
+    return out
+
+
 def run_sample(args: argparse.Namespace) -> int:
+    """Runs `smc-jax sample` and prints its table (or JSON); returns the exit status.
+
+    Parameters
+    ----------
+    args : argparse.Namespace
+        The parsed arguments of `sample`.
+    """
     from tqdm.auto import tqdm
 
     from smc_jax.api import EnsembleSampler, Expert
     from smc_jax.smc.progress import report_progress
 
-    pairs = [tuple(e) for e in args.expert] if args.expert else list(DEFAULT_EXPERTS)
+    pairs, settings = validate(args)
+    constraints = _compile_constraints(args)  # bad patterns fail here, before any model loads
     with tqdm(total=len({m for m, _ in pairs}), unit="model", file=sys.stderr, disable=args.json) as bar:
         models = _load_models([m for m, _ in pairs], args.bf16, bar)
     experts = tuple(
         Expert(models[m], [{"role": "user", "content": p}] if args.chat else p) for m, p in pairs
     )
-    sampler = EnsembleSampler(
-        experts=experts, f=args.f, weights=tuple(args.weights) if args.weights else None, level=args.level,
-        num_particles=args.particles, ess_threshold=args.ess_threshold, resampler=args.resampler,
-        max_length=args.max_length, temperature=args.temperature, beam_width=args.beam_width,
-        prune_threshold=args.prune_threshold, at_max_length=args.at_max_length, progress=not args.json,
-        resample_finished=not args.resample_active_only,
-    )
+    sampler = EnsembleSampler(experts, f=args.f, weights=args.weights, settings=settings, constraint=constraints)
     steps = sampler.smc.num_steps
     start = time.perf_counter()
     with tqdm(total=steps, unit="step", file=sys.stderr, disable=args.json, desc="compiling + sampling") as bar:
@@ -190,6 +250,18 @@ def _print_table(result, pairs, args, elapsed: float) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """The `smc-jax` entry point.
+
+    Parameters
+    ----------
+    argv : sequence of str, optional
+        The arguments (default: the command line's).
+
+    Returns
+    -------
+    int
+        The exit status.
+    """
     args = build_parser().parse_args(argv)
     if args.command == "models":
         from smc_jax.models.registry import EMBEDDED

@@ -11,7 +11,7 @@ and the SMC shaping function is psi(x) = f(P_1(x), ..., P_K(x)) on prefix probab
 * `log_shaping(log_p)` = log psi-style f (on prefix log-probabilities)
 
 For the generalized means (Table 1) the two coincide. For a non-annihilative f (e.g. the
-contrastive (p1 - p2)^2) the shaping is |f| + epsilon (App. C.2), which keeps the proposal
+contrastive (p1 - p2)^2) the shaping is ``|f|`` + epsilon (App. C.2), which keeps the proposal
 absolutely continuous with respect to the target.
 
 Ensembles are pytrees (their exponent and weights are array leaves), so they can be passed to
@@ -24,6 +24,7 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Protocol, runtime_checkable
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -66,7 +67,20 @@ class Ensemble(Protocol):
 
 
 def validate_weights(weights: Sequence[float] | np.ndarray, num_experts: int) -> np.ndarray:
-    """Checks expert weights on the host: finite, non-negative, one per expert, summing to 1."""
+    """Checks expert weights on the host: finite, non-negative, one per expert, summing to 1.
+
+    Parameters
+    ----------
+    weights : sequence of float
+        The weights.
+    num_experts : int
+        K.
+
+    Returns
+    -------
+    numpy.ndarray, shape [K]
+        The weights as float32.
+    """
     w = np.asarray(weights, dtype=np.float64)
     if w.ndim != 1 or w.shape[0] != num_experts:
         raise ValueError(
@@ -95,6 +109,19 @@ def log_generalized_mean(
     log p = -inf is exact: it annihilates the mean when tau <= 0 and is skipped when tau > 0.
     The value and its gradients with respect to tau, the weights and log_p are finite wherever
     the result is (the branches that are not taken see only safe inputs).
+
+    Parameters
+    ----------
+    log_p : jax.Array, shape [..., K]
+        Log-probabilities, expert axis last.
+    tau : jax.Array, shape []
+        The exponent.
+    weights : jax.Array, shape [K]
+        Expert weights on the simplex.
+
+    Returns
+    -------
+    jax.Array, shape [...]
     """
     log_p = jnp.asarray(log_p, jnp.float32)
     tau = jnp.asarray(tau, jnp.float32)
@@ -154,6 +181,13 @@ class GeneralizedMean:
 
     tau <= 0 is consensus-seeking (annihilative: one zero expert zeroes the ensemble), tau >= 1
     coverage-seeking. All generalized means are annihilative, so shaping = target.
+
+    Attributes
+    ----------
+    tau : jax.Array, shape []
+        The exponent (+-inf for max / min, 0 for the product).
+    weights : jax.Array, shape [K]
+        Expert weights on the simplex.
     """
 
     tau: Float[Array, ""]
@@ -164,9 +198,11 @@ class GeneralizedMean:
         return int(self.weights.shape[-1])
 
     def log_target(self, log_p: Float[Array, "... K"]) -> Float[Array, "..."]:
+        """log f(p) on complete-string log-probabilities `log_p` [..., K]; returns [...]."""
         return log_generalized_mean(log_p, self.tau, self.weights)
 
     def log_shaping(self, log_p: Float[Array, "... K"]) -> Float[Array, "..."]:
+        """log psi on prefix log-probabilities `log_p` [..., K] (the same as `log_target`)."""
         return log_generalized_mean(log_p, self.tau, self.weights)
 
 
@@ -174,9 +210,18 @@ class GeneralizedMean:
 class CustomEnsemble:
     """A user-supplied f given as log|f| on log-probabilities (trailing expert axis).
 
-    For a non-annihilative f, pass `epsilon > 0`: the shaping becomes psi = |f(P)| + epsilon
+    For a non-annihilative f, pass `epsilon > 0`: the shaping becomes psi = ``|f(P)|`` + epsilon
     (paper App. C.2), which is positive everywhere; the target stays phi = f(p), which must be
     non-negative. With `epsilon = 0` the user asserts f is annihilative (shaping = f).
+
+    Attributes
+    ----------
+    log_abs_f : callable
+        ``log |f|`` of log-probabilities [..., K] -> [...].
+    num_experts : int
+        K.
+    epsilon : float
+        The shaping offset (0 for an annihilative f).
     """
 
     log_abs_f: Callable[[Array], Array] = struct.field(pytree_node=False)
@@ -184,17 +229,88 @@ class CustomEnsemble:
     epsilon: float = struct.field(pytree_node=False, default=0.0)
 
     def log_target(self, log_p: Float[Array, "... K"]) -> Float[Array, "..."]:
+        """log f(p) on complete-string log-probabilities `log_p` [..., K]; returns [...]."""
         return self.log_abs_f(log_p)
 
     def log_shaping(self, log_p: Float[Array, "... K"]) -> Float[Array, "..."]:
+        """log (``|f(P)|`` + epsilon) on prefix log-probabilities `log_p` [..., K]; returns [...]."""
         value = self.log_abs_f(log_p)
         if self.epsilon > 0:
             value = jnp.logaddexp(value, math.log(self.epsilon))
         return value
 
 
+@struct.dataclass
+class ConstrainedEnsemble:
+    """An f-ensemble of K language models times J hard constraints (0/1 potentials).
+
+    The expert axis holds the K models first, then the J constraints, whose log-potentials are
+    0 or -inf. The target and the shaping are (reference/constraints.md, option 1)
+
+        log phi(x) = log f_w(p_1(x), ..., p_K(x)) + sum_j log C_j(x),
+        log psi(x) = log psi_f(P_1(x), ..., P_K(x)) + sum_j log C^_j(x),
+
+    so the weights stay on the models and every f (mixture and max included) is restricted to
+    the constraints' languages. Locally (method "local") the same formula on next-symbol
+    conditionals masks f(p(. | x)) to the viable symbols, which the sampler renormalizes:
+    locally constrained decoding.
+
+    Parameters
+    ----------
+    base : Ensemble
+        The f-ensemble of the K language models.
+    num_constraints : int
+        J, the constraints after the models on the expert axis.
+    """
+
+    base: Ensemble
+    num_constraints: int = struct.field(pytree_node=False)
+
+    @property
+    def num_experts(self) -> int:
+        return self.base.num_experts + self.num_constraints
+
+    @property
+    def num_models(self) -> int:
+        return self.base.num_experts
+
+    def _split(self, log_p: Float[Array, "... K"]) -> tuple[Array, Array]:
+        k = self.base.num_experts
+        # A potential's log-value is 0 or -inf; the sum is -inf as soon as one constraint fails.
+        return log_p[..., :k], jnp.sum(log_p[..., k:], axis=-1)
+
+    def log_target(self, log_p: Float[Array, "... K"]) -> Float[Array, "..."]:
+        models, constraints = self._split(log_p)
+        return self.base.log_target(models) + constraints
+
+    def log_shaping(self, log_p: Float[Array, "... K"]) -> Float[Array, "..."]:
+        models, constraints = self._split(log_p)
+        return self.base.log_shaping(models) + constraints
+
+
+def constrained(ensemble: Ensemble, num_constraints: int) -> Ensemble:
+    """`ensemble` times `num_constraints` constraint factors (the ensemble itself when 0).
+
+    Parameters
+    ----------
+    ensemble : Ensemble
+        The f-ensemble of the language models.
+    num_constraints : int
+        J >= 0 constraints placed after the models on the expert axis.
+    """
+    if num_constraints < 0:
+        raise ValueError(f"num_constraints must be >= 0, got {num_constraints}")
+    return ConstrainedEnsemble(base=ensemble, num_constraints=num_constraints) if num_constraints else ensemble
+
+
 def log_abs_diff(log_a: Array, log_b: Array) -> Array:
-    """log |a - b| from log a and log b, without leaving log space."""
+    """log ``|a - b|`` from log a and log b, without leaving log space.
+
+    Parameters
+    ----------
+    log_a, log_b : jax.Array
+        Log-values of the same shape.
+    """
     hi = jnp.maximum(log_a, log_b)
     lo = jnp.minimum(log_a, log_b)
     gap = jnp.where(jnp.isfinite(hi), lo - hi, -jnp.inf)  # <= 0
@@ -204,7 +320,13 @@ def log_abs_diff(log_a: Array, log_b: Array) -> Array:
 
 
 def contrastive(epsilon: float = 1e-6) -> CustomEnsemble:
-    """The contrastive ensemble f(p1, p2) = (p1 - p2)^2, non-annihilative, with eps-shaping."""
+    """The contrastive ensemble f(p1, p2) = (p1 - p2)^2, non-annihilative, with eps-shaping.
+
+    Parameters
+    ----------
+    epsilon : float
+        The shaping offset, > 0.
+    """
     if not epsilon > 0:
         raise ValueError(f"the contrastive ensemble needs epsilon > 0 for its shaping, got {epsilon}")
 
@@ -223,10 +345,24 @@ def make_ensemble(
     `quadratic`, `max`), an exponent tau (any float, +-inf included) or an `Ensemble`.
 
     `weights` default to uniform (1/K each) and must lie on the simplex.
+
+    Parameters
+    ----------
+    f : str, float or Ensemble
+        A name, an exponent tau, or an ensemble (returned as is after a size check).
+    num_experts : int
+        K.
+    weights : sequence of float, optional
+        K weights on the simplex (default uniform).
+
+    Returns
+    -------
+    Ensemble
+        A `GeneralizedMean` for names and exponents.
     """
     if num_experts < 1:
         raise ValueError(f"an ensemble needs at least one expert, got {num_experts}")
-    if isinstance(f, (GeneralizedMean, CustomEnsemble)) or (
+    if isinstance(f, (GeneralizedMean, CustomEnsemble, ConstrainedEnsemble)) or (
         isinstance(f, Ensemble) and not isinstance(f, (str, float, int))
     ):
         if weights is not None:
@@ -249,4 +385,5 @@ def make_ensemble(
     else:
         raise TypeError(f"f must be a name, a number tau or an Ensemble, got {type(f).__name__}")
     w = np.full(num_experts, 1.0 / num_experts) if weights is None else validate_weights(weights, num_experts)
+    chex.assert_shape(w, (num_experts,))
     return GeneralizedMean(tau=jnp.asarray(tau, jnp.float32), weights=jnp.asarray(w, jnp.float32))

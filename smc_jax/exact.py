@@ -1,6 +1,7 @@
 """Exact answers by enumeration, for experts whose strings can be listed (toy experts).
 
 These are the independent references the tests compare the sampler against:
+
 * `string_logprobs`: log p_k(x) of every string up to a length, through the expert interface;
 * `exact_target`: the f-ensemble Phi restricted to those strings and its normalizer Z;
 * `proposal_logprob`: the closed form of the locally optimal proposal q(x) built from prefix
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import jax
@@ -28,7 +30,15 @@ String = tuple[int, ...]
 
 
 def enumerate_strings(alphabet_size: int, max_length: int) -> list[String]:
-    """All strings over 0..A-1 of length 0..max_length, shortest first."""
+    """All strings over 0..A-1 of length 0..max_length, shortest first.
+
+    Parameters
+    ----------
+    alphabet_size : int
+        A.
+    max_length : int
+        L.
+    """
     out: list[String] = []
     for n in range(max_length + 1):
         out.extend(itertools.product(range(alphabet_size), repeat=n))
@@ -36,7 +46,15 @@ def enumerate_strings(alphabet_size: int, max_length: int) -> list[String]:
 
 
 def string_logprobs(experts: ExpertGroup, strings: list[String]) -> np.ndarray:
-    """log p_k(x) = sum_t log p_k(x_t | x_<t) + log p_k(EOS | x), shape [len(strings), K]."""
+    """log p_k(x) = sum_t log p_k(x_t | x_<t) + log p_k(EOS | x), shape [len(strings), K].
+
+    Parameters
+    ----------
+    experts : ExpertGroup
+        K experts.
+    strings : list of tuple of int
+        The strings.
+    """
     n = len(strings)
     longest = max((len(s) for s in strings), default=0)
     eos = eos_symbol(experts.alphabet_size)
@@ -59,6 +77,19 @@ def string_logprobs(experts: ExpertGroup, strings: list[String]) -> np.ndarray:
 
 @dataclass(frozen=True)
 class ExactTarget:
+    """Phi over a list of strings.
+
+    Attributes
+    ----------
+    strings : list of tuple of int
+        N strings.
+    log_p : numpy.ndarray, shape [N, K]
+        log p_k(x).
+    log_phi : numpy.ndarray, shape [N]
+        log f(p(x)).
+    log_Z : float
+        log of the sum of phi over the strings.
+    """
     strings: list[String]
     log_p: np.ndarray  # [N, K] log p_k(x)
     log_phi: np.ndarray  # [N] log f(p(x))
@@ -70,6 +101,7 @@ class ExactTarget:
         return np.exp(self.log_phi - self.log_Z)
 
     def distribution(self) -> dict[String, float]:
+        """Phi as a dict from string to probability (strings of probability 0 left out)."""
         return {s: float(p) for s, p in zip(self.strings, self.probs) if p > 0}
 
 
@@ -79,7 +111,17 @@ def _log_f(ensemble: Ensemble, log_p: np.ndarray, shaping: bool) -> np.ndarray:
 
 
 def exact_target(experts: ExpertGroup, ensemble: Ensemble, max_length: int) -> ExactTarget:
-    """Phi restricted to strings of length <= max_length, with Z = sum of phi over them."""
+    """Phi restricted to strings of length <= max_length, with Z = sum of phi over them.
+
+    Parameters
+    ----------
+    experts : ExpertGroup
+        K experts.
+    ensemble : Ensemble
+        The f-ensemble.
+    max_length : int
+        L.
+    """
     strings = enumerate_strings(experts.alphabet_size, max_length)
     log_p = string_logprobs(experts, strings)
     log_phi = _log_f(ensemble, log_p, shaping=False)
@@ -88,13 +130,33 @@ def exact_target(experts: ExpertGroup, ensemble: Ensemble, max_length: int) -> E
     return ExactTarget(strings=strings, log_p=log_p, log_phi=log_phi, log_Z=log_z)
 
 
-def proposal_logprob(target: ExactTarget, ensemble: Ensemble, max_length: int) -> dict[String, float]:
+def proposal_logprob(
+    target: ExactTarget,
+    ensemble: Ensemble,
+    max_length: int,
+    prefix_potentials: Callable[[String], Sequence[float]] | None = None,
+) -> dict[String, float]:
     """log q(x) of the locally optimal proposal for every listed string of length <= max_length
     with q(x) > 0. `target` must list the experts' whole support (prefix sums are over it).
 
     psi(y) = f(P_1(y), ..., P_K(y)) with P_k(y) = sum of p_k over listed strings extending y;
     q(a | y) = psi(ya) / Z(y) and q(EOS | y) = phi(y) / Z(y), Z(y) = sum_a psi(ya) + phi(y),
     except at length max_length where q(EOS | y) = 1.
+
+    `prefix_potentials(y)`, when given, returns log C^_j(y) of the last J experts, which are
+    potentials (constraints) rather than distributions: their prefix value is "y is viable", not
+    a sum over the listed strings.
+
+    Parameters
+    ----------
+    target : ExactTarget
+        From `exact_target`, listing the experts' whole support.
+    ensemble : Ensemble
+        The f-ensemble.
+    max_length : int
+        L.
+    prefix_potentials : callable, optional
+        Maps a prefix y to log C^_j(y) of the last J experts when those are constraints.
     """
     alphabet = 1 + max((max(s) for s in target.strings if s), default=0)
     index = {s: i for i, s in enumerate(target.strings)}
@@ -105,6 +167,11 @@ def proposal_logprob(target: ExactTarget, ensemble: Ensemble, max_length: int) -
             prefix_p[s[:t]] = prefix_p.get(s[:t], 0.0) + p_lin[i]
     with np.errstate(divide="ignore"):
         log_prefix = {y: np.log(v) for y, v in prefix_p.items()}
+    if prefix_potentials is not None:
+        for y, value in log_prefix.items():
+            pots = np.asarray(prefix_potentials(y), np.float64)
+            if pots.size:
+                value[-pots.size :] = pots
 
     def log_psi(y: String) -> float:
         return float(_log_f(ensemble, log_prefix[y][None], shaping=True)[0])

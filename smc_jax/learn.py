@@ -4,7 +4,7 @@ f-ensemble to reference strings by maximum likelihood, with optax.
 Parameters theta = (weight logits l, tau) give f_theta = M_tau(.; w) with w = softmax(l) on the
 simplex. Either part can be held fixed. tau is learned over the reals: the named limits min
 (tau = -inf) and max (+inf) are not reachable by gradient descent (only approached, with a
-gradient in tau that vanishes as |tau| grows); likewise a weight of exactly 0 is only a limit
+gradient in tau that vanishes as ``|tau|`` grows); likewise a weight of exactly 0 is only a limit
 (logit -> -inf). A fixed tau may be +-inf.
 
 Global objective: the f-ensemble over strings of at most L = max_length symbols,
@@ -23,11 +23,11 @@ The reported loss is the mean negative log-likelihood -mean_i log phi_theta(x_i)
 log Z_hat is a consistent but biased estimate of log Z (Z_hat is unbiased, so by Jensen
 E[log Z_hat] <= log Z): fine for a learning curve, not for comparing models at few particles.
 
-Local objective: the token-local ensemble as sampled by `SMC(method="local")`,
+Local objective: the token-local ensemble as sampled by `SMC(method="local")`::
 
     log q_theta(x) = sum_{t=0}^{|x|} [log f_theta(p(x_t | x_<t)) - log sum_a f_theta(p(a | x_<t))]
 
-with x_|x| = EOS, except that EOS is forced (probability 1) after L symbols, so q_theta is a
+with ``x_|x|`` = EOS, except that EOS is forced (probability 1) after L symbols, so q_theta is a
 distribution over the same strings as Phi_theta. Exact: teacher forcing gives every p_k(. | x_<t).
 """
 
@@ -58,14 +58,30 @@ OBJECTIVES = ("global", "local")
 
 @struct.dataclass
 class EnsembleParams:
-    """Free parameters of a generalized mean; a field that is None is held fixed (see `to_ensemble`)."""
+    """Free parameters of a generalized mean; a field that is None is held fixed (see `to_ensemble`).
+
+    Attributes
+    ----------
+    weight_logits : jax.Array, shape [K], or None
+        log w up to a constant (None: weights fixed).
+    tau : jax.Array, shape [], or None
+        The exponent (None: fixed).
+    """
 
     weight_logits: Float[Array, "K"] | None  # w = softmax(weight_logits)
     tau: Float[Array, ""] | None  # any real
 
 
 def init_params(ensemble: GeneralizedMean, learn_weights: bool = True, learn_tau: bool = True) -> EnsembleParams:
-    """The free parameters at `ensemble`: logits log w (weights must be > 0) and tau (finite)."""
+    """The free parameters at `ensemble`: logits log w (weights must be > 0) and tau (finite).
+
+    Parameters
+    ----------
+    ensemble : GeneralizedMean
+        The starting ensemble.
+    learn_weights, learn_tau : bool
+        Which parts are free (the others are None).
+    """
     if not isinstance(ensemble, GeneralizedMean):
         raise TypeError(f"only generalized means can be learned, got {type(ensemble).__name__}")
     if not (learn_weights or learn_tau):
@@ -86,14 +102,32 @@ def init_params(ensemble: GeneralizedMean, learn_weights: bool = True, learn_tau
 
 
 def to_ensemble(params: EnsembleParams, base: GeneralizedMean) -> GeneralizedMean:
-    """f_theta: weights softmax(weight_logits) and tau from `params`, fixed parts from `base`."""
+    """f_theta: weights softmax(weight_logits) and tau from `params`, fixed parts from `base`.
+
+    Parameters
+    ----------
+    params : EnsembleParams
+        The free parameters.
+    base : GeneralizedMean
+        The ensemble the fixed parts come from.
+    """
     weights = base.weights if params.weight_logits is None else jax.nn.softmax(params.weight_logits)
     tau = base.tau if params.tau is None else params.tau
     return GeneralizedMean(tau=tau, weights=weights)
 
 
 class Targets(NamedTuple):
-    """N target strings sharing one expert group (e.g. one prompt), padded with PAD_SYMBOL."""
+    """N target strings sharing one expert group (e.g. one prompt), padded with PAD_SYMBOL.
+
+    Attributes
+    ----------
+    experts : ExpertGroup
+        The K experts the strings are scored under.
+    symbols : jax.Array, shape [N, T]
+        The strings, padded with PAD_SYMBOL.
+    lengths : jax.Array, shape [N]
+        Their lengths.
+    """
 
     experts: ExpertGroup
     symbols: Int[Array, "N T"]
@@ -101,6 +135,13 @@ class Targets(NamedTuple):
 
     @classmethod
     def from_sequences(cls, experts: ExpertGroup | Sequence[ExpertGroup], sequences: Sequence[Sequence[int]]) -> "Targets":
+        """Parameters
+        ----------
+        experts : ExpertGroup
+            The K experts.
+        sequences : sequence of sequences of int
+            N strings over the experts' alphabet.
+        """
         experts = stack_experts(experts)
         symbols, lengths = pad_sequences(sequences, experts.alphabet_size)
         return cls(experts=experts, symbols=jnp.asarray(symbols), lengths=jnp.asarray(lengths))
@@ -118,6 +159,15 @@ def particle_weights(state: SMCState) -> tuple[Float[Array, "M"], Float[Array, "
 
     Other particles get weight 0 and placeholder log-probabilities 0 (finite, so that gradients
     taken at them are finite and then multiplied by 0). All zeros when no particle has weight.
+
+    Parameters
+    ----------
+    state : SMCState
+        A finished run's state.
+
+    Returns
+    -------
+    tuple of jax.Array, shapes [M] and [M, K]
     """
     keep = state.eos & jnp.isfinite(state.log_weights)
     log_w = jnp.where(keep, state.log_weights, -jnp.inf)
@@ -130,7 +180,21 @@ def log_normalizer_and_grad(
     params: EnsembleParams, base: GeneralizedMean, key: PRNGKeyArray, experts: ExpertGroup, smc: SMC
 ) -> tuple[Float[Array, ""], EnsembleParams]:
     """One SMC run at theta: log Z_hat and the estimate sum_m wbar_m d/dtheta log phi_theta(x_m)
-    of d/dtheta log Z_theta (particles and weights held fixed)."""
+    of d/dtheta log Z_theta (particles and weights held fixed).
+
+    Parameters
+    ----------
+    params : EnsembleParams
+        theta.
+    base : GeneralizedMean
+        The fixed parts.
+    key : jax.Array
+        PRNG key of the SMC run.
+    experts : ExpertGroup
+        The K experts.
+    smc : SMC
+        The sampler.
+    """
     state = smc.run(key, experts, jax.lax.stop_gradient(to_ensemble(params, base)))
     log_z_hat = jax.nn.logsumexp(state.log_weights) - math.log(smc.num_particles)
     wbar, log_p = particle_weights(state)
@@ -147,7 +211,23 @@ def global_loss_and_grad(
     smc: SMC,
 ) -> tuple[Float[Array, ""], Float[Array, ""], EnsembleParams]:
     """(loss, log Z_hat, gradient) of loss = -mean_i log phi_theta(x_i) + log Z_theta, with
-    log Z and its gradient estimated by one SMC run; `target_logprobs` = log p_k(x_i)."""
+    log Z and its gradient estimated by one SMC run; `target_logprobs` = log p_k(x_i).
+
+    Parameters
+    ----------
+    params : EnsembleParams
+        theta.
+    base : GeneralizedMean
+        The fixed parts.
+    key : jax.Array
+        PRNG key of the SMC run.
+    experts : ExpertGroup
+        The K experts.
+    target_logprobs : jax.Array, shape [N, K]
+        log p_k(x_i) of the targets.
+    smc : SMC
+        The sampler.
+    """
     log_z_hat, grad_log_z = log_normalizer_and_grad(params, base, key, experts, smc)
 
     def mean_log_phi(p: EnsembleParams) -> Float[Array, ""]:
@@ -166,7 +246,25 @@ def local_log_likelihood(
     max_length: int,
 ) -> Float[Array, "N"]:
     """log q(x) of the token-local ensemble q(a | x_<t) ∝ f(p_1(a | x_<t), ..., p_K(a | x_<t)),
-    EOS included and forced after `max_length` symbols (as `SMC(method="local")` samples it)."""
+    EOS included and forced after `max_length` symbols (as `SMC(method="local")` samples it).
+
+    Parameters
+    ----------
+    ensemble : GeneralizedMean
+        f.
+    step_logprobs : jax.Array, shape [N, T + 1, K, A + 1]
+        Teacher-forced next-symbol log-probabilities (`teacher_force`).
+    sequences : jax.Array, shape [N, T]
+        The strings, padded.
+    lengths : jax.Array, shape [N]
+        Their lengths.
+    max_length : int
+        L.
+
+    Returns
+    -------
+    jax.Array, shape [N]
+    """
     alphabet = step_logprobs.shape[-1] - 1
     symbols = target_symbols(sequences, lengths, alphabet)  # [N, T+1]
     t = jnp.arange(symbols.shape[1])[None, :]
@@ -189,7 +287,23 @@ def local_loss_and_grad(
     lengths: Int[Array, "N"],
     max_length: int,
 ) -> tuple[Float[Array, ""], EnsembleParams]:
-    """Exact (loss, gradient) of loss = -mean_i log q_theta(x_i) (token-local ensemble)."""
+    """Exact (loss, gradient) of loss = -mean_i log q_theta(x_i) (token-local ensemble).
+
+    Parameters
+    ----------
+    params : EnsembleParams
+        theta.
+    base : GeneralizedMean
+        The fixed parts.
+    step_logprobs : jax.Array, shape [N, T + 1, K, A + 1]
+        Teacher-forced next-symbol log-probabilities.
+    sequences : jax.Array, shape [N, T]
+        The strings, padded.
+    lengths : jax.Array, shape [N]
+        Their lengths.
+    max_length : int
+        L.
+    """
 
     def loss(p: EnsembleParams) -> Float[Array, ""]:
         ens = to_ensemble(p, base)
@@ -212,6 +326,17 @@ class FitResult(NamedTuple):
 
     losses[s]: the mean negative log-likelihood at the parameters before update s (global: with
     log Z_hat; local: exact). log_Z[s, g]: log Z_hat of target group g at step s (global only).
+
+    Attributes
+    ----------
+    params : EnsembleParams
+        The fitted parameters.
+    ensemble : GeneralizedMean
+        The fitted ensemble.
+    losses : numpy.ndarray, shape [S]
+        The loss before each update.
+    log_Z : numpy.ndarray, shape [S, G], or None
+        log Z-hat per step and target group (global objective).
     """
 
     params: EnsembleParams
@@ -280,6 +405,31 @@ def fit(
     generalized mean (its fixed parts stay). smc: the sampler for the global objective's
     gradient (its max_length bounds the strings for both objectives). Step s uses the key
     split(key, num_steps)[s] folded with the group index: same key, same result.
+
+    Parameters
+    ----------
+    data : Targets or sequence of Targets
+        The target strings, one `Targets` per expert group.
+    init : GeneralizedMean
+        The starting ensemble (every weight > 0).
+    optimizer : optax.GradientTransformation
+        The optimizer.
+    num_steps : int
+        S.
+    key : jax.Array
+        PRNG key (one SMC run per step and group).
+    smc : SMC
+        The sampler estimating d log Z (global objective) and bounding lengths.
+    objective : {"global", "local"}
+        The global f-ensemble or the token-local ensemble.
+    learn_weights, learn_tau : bool
+        Which parts are free.
+    verbose : bool
+        Show a progress bar.
+
+    Returns
+    -------
+    FitResult
     """
     if num_steps < 1:
         raise ValueError(f"num_steps must be >= 1, got {num_steps}")

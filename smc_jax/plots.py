@@ -20,7 +20,13 @@ def _normalized_trace(result: SMCResult) -> np.ndarray:
 
 
 def lineages(result: SMCResult) -> np.ndarray:
-    """[T + 1, M] index, at each step, of the particle each final particle descends from."""
+    """[T + 1, M] index, at each step, of the particle each final particle descends from.
+
+    Parameters
+    ----------
+    result : SMCResult
+        A run's result.
+    """
     steps, m = result.ancestors.shape
     line = np.zeros((steps + 1, m), dtype=int)
     line[steps] = np.arange(m)
@@ -30,7 +36,22 @@ def lineages(result: SMCResult) -> np.ndarray:
 
 
 def plot_run(result: SMCResult, path: str | Path, title: str | None = None) -> Path:
-    """Saves a three-panel figure: weights per particle, ESS with resampling steps, ancestry."""
+    """Saves a three-panel figure: weights per particle, ESS with resampling steps, ancestry.
+
+    Parameters
+    ----------
+    result : SMCResult
+        A run's result.
+    path : str or pathlib.Path
+        The image file written.
+    title : str, optional
+        The figure's title.
+
+    Returns
+    -------
+    pathlib.Path
+        `path`.
+    """
     import matplotlib
 
     matplotlib.use("Agg")

@@ -9,7 +9,7 @@ memory mappings each, until LLVM ran out of them). A `ByteScorer` instead
   MIN_LENGTH_BUCKET), so one program serves every pair of the same (batch, prompt bucket,
   length bucket); the programs compiled are at most #length buckets x #prompt buckets x
   #batch sizes (x capacity scales, which only grow on a context-store overflow);
-* scores B pairs at once as B experts of one byte-level group (`ByteExperts` with K = B
+* scores N pairs at once as N experts of one byte-level group (`ByteExperts` with K = N
   prompts): one `lax.scan` over bytes, each byte step one model call batched over the pairs;
   a short last chunk is padded with empty continuations;
 * owns its compiled programs (its own `jax.jit`): `scorer_for` keeps at most MAX_SCORERS
@@ -34,17 +34,17 @@ import numpy as np
 from smc_jax.api import (
     CAPACITY_GROWTH,
     CONTEXTS_PER_BEAM_SLOT,
-    DEFAULT_BEAM_WIDTH,
-    DEFAULT_PRUNE_THRESHOLD,
     MAX_CAPACITY_SCALE,
     Prompt,
     byte_vocabulary,
     prefill_prompts,
 )
-from smc_jax.bytes.beam import EOS_BYTE, BeamConfig
+from smc_jax.bytes.beam import EOS_BYTE
 from smc_jax.experts.byte import ByteExperts, ByteLogprob
+from smc_jax.models.contexts import ContextStoreOverflowError
 from smc_jax.models.lm import LanguageModel
 from smc_jax.models.paged import PagedTransformer
+from smc_jax.settings import DEFAULTS
 
 #: Smallest padded continuation length (bytes); lengths are padded to powers of two above it.
 MIN_LENGTH_BUCKET = 16
@@ -100,29 +100,43 @@ def _score(experts: ByteExperts, data: jax.Array, lengths: jax.Array) -> _Scored
 class ByteScorer:
     """log P(continuation | prompt) under one model read as a byte-level LM, for many pairs.
 
-    Same arguments as `smc_jax.logprob`. `scorer(continuation, prompt)` scores one pair,
-    `scorer.batch(pairs)` many (B = batch_size at a time, one vmapped program). Programs are
-    compiled per (B, prompt bucket, length bucket) and reused; `compiled` counts the distinct
-    shapes run so far."""
+    `scorer(continuation, prompt)` scores one pair, `scorer.batch(pairs)` many (N = batch_size
+    at a time, one vmapped program). Programs are compiled per (N, prompt bucket, length
+    bucket) and reused; `compiled` counts the distinct shapes run so far. The settings are
+    checked by `smc_jax.settings.SamplerSettings` (defaults: its `DEFAULTS`).
+
+    Parameters
+    ----------
+    model : LanguageModel
+        The model read as a byte-level LM (it needs a tokenizer with an EOS token).
+    beam_width : int
+        Beam width B of the beam over tokenizations.
+    prune_threshold : float
+        Relative pruning threshold (0: no pruning).
+    temperature : float
+        Divides the model's logits.
+    prompt_as_bytes : bool
+        Read raw-text prompts through the byte beam from BOS (GenLM's convention).
+    heal : bool
+        Token healing when a byte empties the beam (`smc_jax.bytes.healing`).
+    """
 
     def __init__(
         self,
         model: LanguageModel,
         *,
-        beam_width: int = DEFAULT_BEAM_WIDTH,
-        prune_threshold: float = DEFAULT_PRUNE_THRESHOLD,
-        temperature: float = 1.0,
-        prompt_as_bytes: bool = False,
-        heal: bool = True,
+        beam_width: int = DEFAULTS.beam_width,
+        prune_threshold: float = DEFAULTS.prune_threshold,
+        temperature: float = DEFAULTS.temperature,
+        prompt_as_bytes: bool = DEFAULTS.prompt_as_bytes,
+        heal: bool = DEFAULTS.heal,
     ):
-        if not (beam_width >= 1 and 0 <= prune_threshold < 1):
-            raise ValueError("beam_width must be >= 1 and prune_threshold in [0, 1)")
-        if not temperature > 0:
-            raise ValueError(f"temperature must be > 0, got {temperature}")
+        settings = DEFAULTS.replace(level="byte", beam_width=beam_width, prune_threshold=prune_threshold,
+                                    temperature=temperature, prompt_as_bytes=prompt_as_bytes, heal=heal)  # checks them
         if model.tokenizer is None or not model.tokenizer.eos_token_ids:
             raise ValueError(f"{model.name} needs a tokenizer with an end-of-sequence token to score bytes")
         self.model = model
-        self.beam = BeamConfig(width=beam_width, threshold=prune_threshold, heal=heal)
+        self.beam = settings.beam()
         self.temperature = temperature
         self.prompt_as_bytes = prompt_as_bytes
         self.trie, allowed = byte_vocabulary(model)
@@ -190,7 +204,7 @@ class ByteScorer:
             if not np.any(out.overflow):
                 break
             if self.scale >= MAX_CAPACITY_SCALE:
-                raise RuntimeError("the context store overflowed at its largest scale; shorten the strings")
+                raise ContextStoreOverflowError("the context store overflowed at its largest scale; shorten the strings")
             self.scale *= CAPACITY_GROWTH  # the store only holds what is alive: no result changes
         results = []
         for i, d in enumerate(datas):
@@ -204,11 +218,33 @@ class ByteScorer:
         return results
 
     def __call__(self, continuation: str | bytes, prompt: Prompt = "") -> ByteLogprob:
+        """Scores one pair (see `smc_jax.logprob`).
+
+        Parameters
+        ----------
+        continuation : str or bytes
+            The scored string (UTF-8 when a str).
+        prompt : str or list of dict
+            Raw text or chat messages before it ("" for none).
+        """
         return self._chunk([(prompt, _as_bytes(continuation))])[0]
 
     def batch(self, pairs: Sequence[tuple[Prompt, str | bytes]], batch_size: int = DEFAULT_BATCH) -> list[ByteLogprob]:
         """Scores (prompt, continuation) pairs, `batch_size` at a time (pairs sorted by length
-        so that a chunk's length bucket fits its pairs; results in the input order)."""
+        so that a chunk's length bucket fits its pairs; results in the input order).
+
+        Parameters
+        ----------
+        pairs : sequence of (prompt, continuation)
+            Prompts (raw text or chat messages) and the strings scored after them.
+        batch_size : int
+            Pairs per program run (a short last chunk is padded with empty continuations).
+
+        Returns
+        -------
+        list of ByteLogprob
+            One per pair, in the input order.
+        """
         if batch_size < 1:
             raise ValueError("batch_size must be >= 1")
         items = [(p, _as_bytes(c)) for p, c in pairs]
@@ -253,13 +289,38 @@ def logprob_batch(
     pairs: Sequence[tuple[Prompt, str | bytes]],
     *,
     batch_size: int = DEFAULT_BATCH,
-    beam_width: int = DEFAULT_BEAM_WIDTH,
-    prune_threshold: float = DEFAULT_PRUNE_THRESHOLD,
-    temperature: float = 1.0,
-    prompt_as_bytes: bool = False,
-    heal: bool = True,
+    beam_width: int = DEFAULTS.beam_width,
+    prune_threshold: float = DEFAULTS.prune_threshold,
+    temperature: float = DEFAULTS.temperature,
+    prompt_as_bytes: bool = DEFAULTS.prompt_as_bytes,
+    heal: bool = DEFAULTS.heal,
 ) -> list[ByteLogprob]:
-    """`smc_jax.logprob` of many (prompt, continuation) pairs, `batch_size` per program run."""
+    """`smc_jax.logprob` of many (prompt, continuation) pairs, `batch_size` per program run.
+
+    Parameters
+    ----------
+    model : LanguageModel
+        The model read as a byte-level LM.
+    pairs : sequence of (prompt, continuation)
+        Prompts (raw text or chat messages) and the strings scored after them.
+    batch_size : int
+        Pairs per program run.
+    beam_width : int
+        Beam width B of the beam over tokenizations.
+    prune_threshold : float
+        Relative pruning threshold (0: no pruning).
+    temperature : float
+        Divides the model's logits.
+    prompt_as_bytes : bool
+        Read raw-text prompts through the byte beam from BOS (GenLM's convention).
+    heal : bool
+        Token healing when a byte empties the beam (`smc_jax.bytes.healing`).
+
+    Returns
+    -------
+    list of ByteLogprob
+        One per pair, in the input order (`.healed`: bytes healed).
+    """
     scorer = scorer_for(model, beam_width=beam_width, prune_threshold=prune_threshold, temperature=temperature,
                         prompt_as_bytes=prompt_as_bytes, heal=heal)
     return scorer.batch(pairs, batch_size=batch_size)

@@ -6,6 +6,7 @@ loop state is pinned to the same layout after every step, so each device keeps M
 for the whole run (one compilation per sampler configuration, mesh and expert structure).
 
 What is sharded:
+
 * particle-major arrays: symbols [M, L], lengths, done, eos, log_weights [M], log_prefix [M, K],
   the trace's [T, M] arrays (on M), and every expert-state leaf outside a context store (toy
   experts' states [M], token context ids [M, K], byte beams [M, K, ...]): split on "particles";
@@ -58,7 +59,7 @@ MODEL = "model"
 ParamRules = tuple[tuple[str, P], ...]
 
 REPLICATED: ParamRules = ((r".*", P()),)
-#: Megatron-style split of the transformer: q/k/v and gate/up by output columns (attention
+#: A Megatron-style split of the transformer, q/k/v and gate/up by output columns (attention
 #: heads, MLP hidden units), o and down by input rows, so each layer needs one all-reduce after
 #: attention and one after the MLP; the KV pool by KV heads, so each device stores and reads the
 #: keys/values of its own heads. Embeddings and norms replicated. Needs a model axis dividing
@@ -79,7 +80,17 @@ PARAM_RULES: dict[str, ParamRules] = {"replicated": REPLICATED, "tensor_parallel
 def make_mesh(particles: int | None = None, model: int = 1, devices: Sequence[jax.Device] | None = None) -> Mesh:
     """A ("particles", "model") mesh over `devices` (default: all of them, every host's).
 
-    particles: devices along the particle axis (default: all devices / model)."""
+    particles: devices along the particle axis (default: all devices / model).
+
+    Parameters
+    ----------
+    particles : int, optional
+        Size of the "particles" axis.
+    model : int
+        Size of the "model" axis (tensor parallel).
+    devices : sequence of jax.Device, optional
+        The devices (default: `jax.devices()`).
+    """
     devices = list(jax.devices() if devices is None else devices)
     if model < 1 or len(devices) % model:
         raise ValueError(f"model={model} must be >= 1 and divide the number of devices ({len(devices)})")
@@ -93,7 +104,15 @@ def make_mesh(particles: int | None = None, model: int = 1, devices: Sequence[ja
 
 
 def check_mesh(mesh: Mesh, num_particles: int) -> None:
-    """The mesh has both axes and its particle axis divides M (else a ValueError saying what to do)."""
+    """The mesh has both axes and its particle axis divides M (else a ValueError saying what to do).
+
+    Parameters
+    ----------
+    mesh : jax.sharding.Mesh
+        The mesh.
+    num_particles : int
+        M.
+    """
     if set(mesh.axis_names) != {PARTICLES, MODEL}:
         raise ValueError(
             f"the mesh needs the axes {(PARTICLES, MODEL)}, got {tuple(mesh.axis_names)}; build it with make_mesh"
@@ -117,7 +136,17 @@ def state_specs(state: SMCState, mesh: Mesh, rules: str | ParamRules = "replicat
 
     Expert-state leaves inside a `ContextStore` are replicated over "particles" (a transformer's
     KV pool is laid out by `rules`); every other expert-state leaf must be particle-major (the
-    expert contract), else a ValueError names it."""
+    expert contract), else a ValueError names it.
+
+    Parameters
+    ----------
+    state : SMCState
+        A sampler state (arrays or `jax.ShapeDtypeStruct` leaves).
+    mesh : jax.sharding.Mesh
+        The mesh.
+    rules : str or tuple
+        "replicated", "tensor_parallel" or a rule table of (regex, PartitionSpec) pairs.
+    """
     m = state.num_particles
 
     def expert_leaf(path, leaf) -> P:
@@ -162,7 +191,13 @@ def state_specs(state: SMCState, mesh: Mesh, rules: str | ParamRules = "replicat
 
 
 def resolve_rules(rules: str | ParamRules) -> ParamRules:
-    """A rule table by name ("replicated", "tensor_parallel") or as given (checked)."""
+    """A rule table by name ("replicated", "tensor_parallel") or as given (checked).
+
+    Parameters
+    ----------
+    rules : str or tuple
+        "replicated", "tensor_parallel" or a rule table of (regex, PartitionSpec) pairs.
+    """
     if isinstance(rules, str):
         if rules not in PARAM_RULES:
             raise ValueError(
@@ -185,7 +220,19 @@ def resolve_rules(rules: str | ParamRules) -> ParamRules:
 def rule_spec(name: str, leaf: jax.Array | jax.ShapeDtypeStruct, mesh: Mesh, rules: str | ParamRules) -> P:
     """The spec of one leaf named `name` under `rules` (the first whose regex matches the whole
     name). No matching rule, a spec longer than the leaf's rank, an axis the mesh lacks or a
-    dimension the axis does not divide is a ValueError naming the leaf."""
+    dimension the axis does not divide is a ValueError naming the leaf.
+
+    Parameters
+    ----------
+    name : str
+        The leaf's path, e.g. "layers/q/kernel" or "pool/k".
+    leaf : jax.Array or jax.ShapeDtypeStruct
+        The leaf.
+    mesh : jax.sharding.Mesh
+        The mesh.
+    rules : str or tuple
+        "replicated", "tensor_parallel" or a rule table of (regex, PartitionSpec) pairs.
+    """
     trailing = next((spec for pattern, spec in resolve_rules(rules) if re.fullmatch(pattern, name)), None)
     if trailing is None:
         raise ValueError(
@@ -210,7 +257,17 @@ def rule_spec(name: str, leaf: jax.Array | jax.ShapeDtypeStruct, mesh: Mesh, rul
 
 
 def param_specs(params: Params, mesh: Mesh, rules: str | ParamRules = "replicated") -> Params:
-    """The PartitionSpec of every model weight under `rules` (see `rule_spec`)."""
+    """The PartitionSpec of every model weight under `rules` (see `rule_spec`).
+
+    Parameters
+    ----------
+    params : pytree
+        A transformer's parameters.
+    mesh : jax.sharding.Mesh
+        The mesh.
+    rules : str or tuple
+        "replicated", "tensor_parallel" or a rule table of (regex, PartitionSpec) pairs.
+    """
 
     def spec_of(path, leaf) -> P:
         return rule_spec(SEP.join(str(getattr(k, "key", getattr(k, "idx", k))) for k in path), leaf, mesh, rules)
@@ -219,7 +276,17 @@ def param_specs(params: Params, mesh: Mesh, rules: str | ParamRules = "replicate
 
 
 def experts_specs(experts: ExpertGroup, mesh: Mesh, rules: str | ParamRules = "replicated") -> PyTree:
-    """PartitionSpecs of an expert group: transformer weights by `rules`, all else replicated."""
+    """PartitionSpecs of an expert group: transformer weights by `rules`, all else replicated.
+
+    Parameters
+    ----------
+    experts : ExpertGroup
+        The expert group.
+    mesh : jax.sharding.Mesh
+        The mesh.
+    rules : str or tuple
+        "replicated", "tensor_parallel" or a rule table of (regex, PartitionSpec) pairs.
+    """
 
     def node_spec(node) -> PyTree:
         if isinstance(node, PagedTransformer):
@@ -231,7 +298,17 @@ def experts_specs(experts: ExpertGroup, mesh: Mesh, rules: str | ParamRules = "r
 
 def shard_experts(experts: ExpertGroup, mesh: Mesh, rules: str | ParamRules = "replicated") -> ExpertGroup:
     """The expert group placed on the mesh (`experts_specs`). Runs use a placed group as is and
-    copy an unplaced one to the devices every time: place a group you reuse once, with this."""
+    copy an unplaced one to the devices every time: place a group you reuse once, with this.
+
+    Parameters
+    ----------
+    experts : ExpertGroup
+        The expert group.
+    mesh : jax.sharding.Mesh
+        The mesh.
+    rules : str or tuple
+        "replicated", "tensor_parallel" or a rule table of (regex, PartitionSpec) pairs.
+    """
     return jax.device_put(experts, _named(mesh, experts_specs(experts, mesh, rules)))
 
 
@@ -270,7 +347,23 @@ def sharded_runner(
     rules: str | ParamRules = "replicated",
 ) -> tuple[Callable[[PRNGKeyArray, ExpertGroup, Ensemble], SMCState], tuple]:
     """(jitted run, input shardings) for these arguments: the compiled program can be inspected
-    with `jitted.lower(*args).compile().as_text()`."""
+    with `jitted.lower(*args).compile().as_text()`.
+
+    Parameters
+    ----------
+    smc : SMC
+        The sampler.
+    key : jax.Array
+        PRNG key.
+    experts : ExpertGroup
+        The expert group.
+    ensemble : Ensemble
+        The f-ensemble.
+    mesh : jax.sharding.Mesh
+        The mesh.
+    rules : str or tuple
+        "replicated", "tensor_parallel" or a rule table of (regex, PartitionSpec) pairs.
+    """
     check_mesh(mesh, smc.num_particles)
     return _sharded_runner(smc, mesh, resolve_rules(rules), _abstract(key), _abstract(experts), _abstract(ensemble))
 
@@ -286,7 +379,23 @@ def run_sharded(
     """`SMC.run` with the particles split over the mesh's "particles" axis (M must be a multiple
     of its size) and model weights laid out by `rules` (a group placed by `shard_experts` is
     not copied again). Returns the final state as sharded device arrays; for the same key it
-    equals the unsharded run (up to the summation order of cross-device sums)."""
+    equals the unsharded run (up to the summation order of cross-device sums).
+
+    Parameters
+    ----------
+    smc : SMC
+        The sampler.
+    key : jax.Array
+        PRNG key.
+    experts : ExpertGroup or sequence of ExpertGroup
+        The K experts.
+    ensemble : Ensemble
+        The f-ensemble.
+    mesh : jax.sharding.Mesh
+        A mesh with "particles" and "model" axes (`make_mesh`).
+    rules : str or tuple
+        "replicated", "tensor_parallel" or a rule table of (regex, PartitionSpec) pairs.
+    """
     experts = stack_experts(experts)
     jitted, shardings = sharded_runner(smc, key, experts, ensemble, mesh, rules)
     return jitted(*jax.device_put((key, experts, ensemble), shardings))
@@ -305,7 +414,27 @@ def sample_sharded(
 ) -> SMCResult:
     """`run_sharded`, then host-side results like `SMC.__call__`. Reads every array on this host,
     so the mesh must belong to one process (over several hosts, call `run_sharded` and gather
-    what you need with `jax.experimental.multihost_utils.process_allgather`)."""
+    what you need with `jax.experimental.multihost_utils.process_allgather`).
+
+    Parameters
+    ----------
+    smc : SMC
+        The sampler.
+    key : jax.Array
+        PRNG key.
+    experts : ExpertGroup or sequence of ExpertGroup
+        The K experts.
+    ensemble : Ensemble
+        The f-ensemble.
+    mesh : jax.sharding.Mesh
+        A mesh of this process's devices.
+    rules : str or tuple
+        "replicated", "tensor_parallel" or a rule table of (regex, PartitionSpec) pairs.
+    decode : callable, optional
+        Symbols -> text.
+    allow_zero_weight : bool
+        Return the result even when every particle ends at zero weight.
+    """
     if mesh.is_multi_process:
         raise ValueError(
             "sample_sharded reads results on this host, but the mesh spans several processes: call "

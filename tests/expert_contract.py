@@ -24,9 +24,13 @@ def check_expert_group(group: ExpertGroup, num_particles: int = 5, steps: int = 
         logp = np.asarray(logprobs(group, state), np.float64)
         assert logp.shape == (m, k, a + 1), logp.shape
         assert not np.isnan(logp).any(), "NaN in next-symbol log-probabilities"
-        lse = np.logaddexp.reduce(logp, axis=-1)
-        ok = np.isclose(lse, 0.0, atol=atol) | np.isneginf(lse)
-        assert ok.all(), f"rows do not normalize: logsumexp = {lse[~ok]}"
+        if getattr(group, "is_potential", False):
+            # A 0/1 potential: every entry is log 1 or log 0 (see smc_jax.experts.base).
+            assert np.all((logp == 0.0) | np.isneginf(logp)), "a constraint's entries must be 0 or -inf"
+        else:
+            lse = np.logaddexp.reduce(logp, axis=-1)
+            ok = np.isclose(lse, 0.0, atol=atol) | np.isneginf(lse)
+            assert ok.all(), f"rows do not normalize: logsumexp = {lse[~ok]}"
         # Sample a symbol every particle's first expert allows (or any symbol).
         p = np.exp(logp[:, 0, :a])
         syms = np.array([rng.choice(a, p=row / row.sum()) if row.sum() > 0 else rng.integers(a) for row in p])

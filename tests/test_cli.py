@@ -47,3 +47,49 @@ def test_bad_input_gives_a_message_not_a_trace(capsys):
     assert main(["sample", "-e", "smollm2-135m-instruct", "hi", "--weights", "-1", "--level", "token"]) == 2
     last_line = capsys.readouterr().err.strip().splitlines()[-1]
     assert last_line.startswith("smc-jax: error:") and "weight" in last_line
+
+
+@pytest.fixture
+def no_model_loads(monkeypatch):
+    """Fails the test if the CLI loads any model (validation must come first)."""
+    import smc_jax.models
+
+    def forbidden(*args, **kwargs):
+        raise AssertionError("a model was loaded before the arguments were validated")
+
+    monkeypatch.setattr(smc_jax.models, "load_model", forbidden)
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["-M", "0"], "num_particles"),
+    (["--max-length", "0"], "max_length"),
+    (["--ess-threshold", "1.5"], "ess_threshold"),
+    (["--temperature", "0"], "temperature"),
+    (["--beam-width", "0"], "beam_width"),
+    (["--prune-threshold", "1"], "prune_threshold"),
+    (["--level", "token", "--no-heal"], "heal"),
+    (["--weights", "0.5", "0.2"], "simplex"),
+    (["--weights", "1"], "one weight per expert"),
+    (["--top", "0"], "--top"),
+    (["-e", "gemma3-270m", "\ud800"], "not valid text"),
+])
+def test_bad_arguments_fail_before_any_model_loads(no_model_loads, capsys, extra, message):
+    assert main(["sample", *extra]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("smc-jax: error:") and message in err, err
+
+
+def test_cli_defaults_are_the_library_defaults():
+    from smc_jax.cli import build_parser, settings_of
+    from smc_jax.settings import DEFAULTS
+
+    args = build_parser().parse_args(["sample"])
+    assert settings_of(args).replace(progress=False) == DEFAULTS
+
+
+def test_no_heal_turns_healing_off():
+    from smc_jax.cli import build_parser, settings_of
+
+    assert settings_of(build_parser().parse_args(["sample"])).heal
+    settings = settings_of(build_parser().parse_args(["sample", "--no-heal"]))
+    assert not settings.heal and not settings.beam().heal

@@ -7,12 +7,14 @@ import pytest
 
 from smc_jax.models.contexts import (
     NO_CONTEXT,
+    ContextStoreOverflowError,
     PROMPT_CONTEXT,
     bucket_sizes,
     context_tokens_path,
     dedupe,
     extend_group,
     init_store,
+    store_failure,
 )
 from smc_jax.experts.toy import NGramTokenLM
 from smc_jax.utils.compilation import count_compilations
@@ -57,7 +59,7 @@ def run_random_walk(order: int, steps: int, seed: int):
     step = jax.jit(lambda st, c, t, a: extend_group(st, lm, prefixes, c, t, a, c, summarize, bucket_sizes(r, typical=r)))
     calls = 0
     with count_compilations() as compiles:
-        for it in range(steps):
+        for _ in range(steps):
             tok = rng.integers(0, v, size=(k, r))
             tok[:, 1] = tok[:, 0]  # walkers 0 and 1 are identical: one row
             active = rng.random((k, r)) < 0.8
@@ -158,10 +160,12 @@ def test_capacity_overflow_is_flagged():
     stores = jax.vmap(lambda l: init_store(lm, l, num_entries=8, num_contexts=4, max_tokens=2))(logits0[None])
     ctx = jnp.zeros((1, r), jnp.int32)
     step = jax.jit(lambda st, c, t: extend_group(st, lm, prefix[None], c, t, jnp.ones((1, r), bool), c, lambda x: x, (r,)))
-    for i in range(3):
+    for _ in range(3):
         stores, new = step(stores, ctx, jnp.array([[0, 1]], jnp.int32))
         ctx = jnp.where(new >= 0, new, ctx)
     assert bool(stores.overflow[0])  # the third token does not fit in max_tokens=2
+    # Reported as its own type, so the sampler's retry catches it without reading the message.
+    assert isinstance(store_failure(stores), ContextStoreOverflowError)
 
 
 def copied_shapes_outside_entry(hlo: str) -> list[str]:

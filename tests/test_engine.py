@@ -2,6 +2,7 @@
 
 import math
 
+import chex
 import jax
 import numpy as np
 import pytest
@@ -44,6 +45,34 @@ def test_jit_and_eager_agree(overlapping_tables, method):
     np.testing.assert_array_equal(jitted.symbols, eager.symbols)
     np.testing.assert_allclose(jitted.log_weights, eager.log_weights, rtol=1e-5)
     np.testing.assert_array_equal(jitted.resampled, eager.resampled)
+
+
+def test_step_parts_compose_to_the_jitted_run(overlapping_tables):
+    """A Python loop over `step` (itself propose / reweight / resample / record) reaches the
+    jitted while-loop's final state: the whole state tree, expert states and trace included."""
+    experts = ExpertStack(groups=overlapping_tables)
+    ens = make_ensemble("product", 2, [0.4, 0.6])
+    smc = SMC(num_particles=8, max_length=4, resample_finished=False)
+    key = jax.random.key(5)
+    want = jax.jit(smc.run)(key, experts, ens)
+    step = jax.jit(smc.step)
+    state = smc.init(key, experts, ens)
+    while int(state.step) < smc.num_steps and bool((~state.done).any()):
+        state = step(state, experts, ens)
+    got = state._replace(done=np.ones_like(state.done))
+    chex.assert_trees_all_equal_structs(got, want)
+    chex.assert_trees_all_close(got._replace(key=None), want._replace(key=None), rtol=1e-6, atol=1e-6)
+
+
+def test_a_group_breaking_the_shape_contract_fails_at_the_boundary(overlapping_tables):
+    class WrongAlphabet:  # reports 4 symbols but returns 3 + EOS columns
+        def __getattr__(self, name):
+            return getattr(overlapping_tables[0], name)
+
+        alphabet_size = 4
+
+    with pytest.raises(AssertionError, match="assert_shape"):
+        SMC(num_particles=2, max_length=2)(jax.random.key(0), WrongAlphabet(), make_ensemble("product", 1), jit=False)
 
 
 def test_no_recompilation_across_keys_and_ensembles(overlapping_tables):

@@ -1,19 +1,21 @@
 """Aggregation logic of the evaluation (no model): t-intervals over seeds, per-instance Spearman
-averaging, z-scores, the sanity-check tables, the Table 5 layout, and resumability."""
+averaging, z-scores, the sanity-check tables, the Table 5 layout, and resumability (also after a
+study was killed while writing a record)."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
 import math
+import warnings
 
 import numpy as np
 import pytest
 from scipy import stats as scipy_stats
 
 from smc_jax.evaluation import (
-    NO_F, STUDY_LEVELS, Job, Record, RecordStore, SettingsMismatchError, get_method, per_instance_spearman, plan,
-    run_jobs, spearman, t_interval, zscore,
+    NO_F, STUDY_LEVELS, Job, Record, RecordStore, SettingsMismatchError, TornLineWarning, get_method,
+    per_instance_spearman, plan, run_jobs, spearman, t_interval, zscore,
 )
 from smc_jax.evaluation.report import (
     RESAMPLE_ACTIVE, RESAMPLE_ALL, correlations, mixture_check, seed_interval, seed_means, smc_vs_is, table5_rows,
@@ -265,3 +267,68 @@ def test_store_refuses_other_settings_and_duplicates(tmp_path):
     path.write_text(path.read_text() + "not json\n")
     with pytest.raises(ValueError, match=":2: not a record"):
         RecordStore(path)
+
+
+# ---------------------------------------------------------------- interrupted studies
+
+
+def finished_study(path, seeds=(0, 1)) -> list:
+    """A toy study of 2 instances x `seeds` written to `path`; its jobs."""
+    jobs = plan({"word_sorting": [FakeInstance("x"), FakeInstance("y")]}, ["token"], ["product"], [2])
+    assert run_jobs(jobs, list(seeds), RecordStore(path, SETTINGS), CountingRunner(), progress=False) == 4
+    return jobs
+
+
+def test_study_killed_while_writing_a_record_resumes_and_redoes_only_that_run(tmp_path):
+    path = tmp_path / "runs.jsonl"
+    jobs = finished_study(path)
+    lines = path.read_bytes().splitlines(keepends=True)
+    last = Record.from_json(lines[-1].decode())
+    path.write_bytes(b"".join(lines[:-1]) + lines[-1][: len(lines[-1]) // 2])  # killed mid-write
+
+    with pytest.warns(TornLineWarning, match=r"runs\.jsonl:4: the last line is cut off"):
+        reopened = RecordStore(path, SETTINGS)
+    assert len(reopened) == 3 and last.key not in reopened
+    runner = CountingRunner()
+    with pytest.warns(TornLineWarning, match="removed a cut-off last line"):
+        assert run_jobs(jobs, [0, 1], reopened, runner, progress=False) == 1
+    assert runner.calls == [last.key]
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the file is whole again: no torn line, no fragment
+        complete = RecordStore(path, SETTINGS)
+    assert len(complete) == 4 and len(path.read_text().splitlines()) == 4
+    assert run_jobs(jobs, [0, 1], complete, CountingRunner(), progress=False) == 0
+
+
+def test_opening_a_torn_file_does_not_change_it(tmp_path):
+    path = tmp_path / "runs.jsonl"
+    finished_study(path)
+    torn = path.read_bytes()[:-7]
+    path.write_bytes(torn)
+    with pytest.warns(TornLineWarning):
+        RecordStore(path, SETTINGS)
+    assert path.read_bytes() == torn  # only an append cuts the fragment (read-only files stay readable)
+
+
+@pytest.mark.parametrize("damage", [
+    lambda line: b"not json",                 # garbage
+    lambda line: line[: len(line) // 2],      # a torn line that is not the last one
+    lambda line: b"\xff" + line,              # not UTF-8
+])
+def test_a_bad_line_before_the_last_is_an_error_with_its_line_number(tmp_path, damage):
+    path = tmp_path / "runs.jsonl"
+    finished_study(path)
+    lines = path.read_bytes().split(b"\n")
+    lines[1] = damage(lines[1])
+    path.write_bytes(b"\n".join(lines))
+    with pytest.raises(ValueError, match=r"runs\.jsonl:2: not"):
+        RecordStore(path, SETTINGS)
+
+
+def test_a_complete_last_line_that_is_not_a_record_is_an_error(tmp_path):
+    path = tmp_path / "runs.jsonl"
+    finished_study(path)
+    path.write_bytes(path.read_bytes() + b'{"task": "word_sorting"}\n')  # whole line, so not a torn write
+    with pytest.raises(ValueError, match=r"runs\.jsonl:5: not a record"):
+        RecordStore(path, SETTINGS)

@@ -25,7 +25,7 @@ Pruning follows genlm-bytes' ByteBeamState, so the two agree at equal settings:
 * next-byte distribution: over the unpruned beam S, with the extensions whose weight is above
   `threshold` times the total weight of S and of all extensions;
 * reading a byte b: prune S (keep hypotheses above `threshold` times the beam's total, then
-  the K heaviest), advance them by b, and add the extensions of the pruned beam that stay above
+  the B heaviest), advance them by b, and add the extensions of the pruned beam that stay above
   `threshold` times the total of the advanced hypotheses and those extensions.
 Extensions are materialized when needed, batched over particles and slots (one model call): the
 next-byte distribution needs those above its threshold; reading byte b needs those the shift by
@@ -34,7 +34,7 @@ whatever the byte (`ExtensionRequests.shift`), so that shift makes no call of it
 beam needs a call for its distribution, nothing is called and the shift fetches only what byte b
 keeps (`shift_requests`, usually nothing). Symmetrically, a call made by the shift also takes the
 extensions the distribution after it may need among those whose parents exist already
-(`lookahead_requests`), so a byte step rarely calls twice. Shapes: M particles, C = K (1 + D)
+(`lookahead_requests`), so a byte step rarely calls twice. Shapes: M particles, C = B (1 + D)
 slots, D = the trie's max duplicates, H = C + C D candidates of a shift.
 
 A byte that none of the kept hypotheses can read empties the beam: token healing
@@ -105,7 +105,9 @@ class BeamState(NamedTuple):
 
 @struct.dataclass
 class BeamConfig:
-    """Beam width K and relative prune threshold (0 = never prune by mass).
+    """Beam width B and relative prune threshold (0 = never prune by mass).
+
+    B, not K: K is the number of experts everywhere else in the package.
 
     `heal`: adaptive token healing (`smc_jax.bytes.healing`) when a byte empties the beam, backing
     off at most `heal_max_backoff` bytes into a hypothesis' current token (on by default, like
@@ -171,7 +173,7 @@ def _ending_extensions(
 
 
 def prune_mask(weight: Float[Array, "M C"], config: BeamConfig) -> Bool[Array, "M C"]:
-    """genlm's prune(): above threshold * total weight, then the K heaviest."""
+    """genlm's prune(): above threshold * total weight, then the B (width) heaviest."""
     total = _lse(weight, axis=-1)
     above = (weight - total[:, None] > config.log_threshold) & jnp.isfinite(weight)
     ranked = jnp.where(above, weight, -jnp.inf)
@@ -257,7 +259,7 @@ def plan_shift(trie: TokenTrie, table: ByteSummary, beam: BeamState, byte: Int[A
     ext_w = jnp.where(kept[..., None], ext.weight, -jnp.inf)
     total = jnp.logaddexp(_lse(weight, axis=-1), _lse(ext_w.reshape(m, -1), axis=-1))
     keep_ext = (ext_w - total[:, None, None] > config.log_threshold) & jnp.isfinite(ext_w)
-    # After the shift, the beam is the C heaviest candidates, at most K <= C of them advanced
+    # After the shift, the beam is the C heaviest candidates, at most B <= C of them advanced
     # hypotheses: its total weight is at least theirs and at least any one candidate's. An
     # extension below threshold * that bound is never in the next distribution.
     ready = keep_ext & (beam.ext_context != NO_CONTEXT)
@@ -353,7 +355,7 @@ def shift(
     ext_node = child(trie, jnp.where(keep_ext, ROOT, NO_NODE), jnp.broadcast_to(byte[:, None, None], (m, c, d)))
     ext_adv = jnp.where(ext_node != NO_NODE, ext_w + node_logmass(trie, table.tree, ext_node, ext_rows), -jnp.inf)
 
-    # Gather into C slots, heaviest first (at most K advanced + K * D extensions survive).
+    # Gather into C slots, heaviest first (at most B advanced + B * D extensions survive).
     cand_w = jnp.concatenate([adv_weight, ext_adv.reshape(m, -1)], axis=1)
     cand_ctx = jnp.concatenate([beam.context, beam.ext_context.reshape(m, -1)], axis=1)
     cand_node = jnp.concatenate([moved, ext_node.reshape(m, -1)], axis=1)

@@ -47,19 +47,33 @@ def _logsumexp(x: Array, axis: int) -> Array:
 
 @struct.dataclass
 class SumTree:
-    """Heap-ordered logaddexp pyramid over P = num_leaves leaves (leaf i is cell P + i)."""
+    """Heap-ordered logaddexp pyramid over P = num_leaves leaves (leaf i is cell P + i).
+
+    Attributes
+    ----------
+    cells : jax.Array, shape [..., 2P]
+        The pyramid: cell 1 is the root, cells P..2P-1 the leaves (cell 0 unused).
+    num_leaves : int
+        P, a power of two.
+    """
 
     cells: Float[Array, "... cells"]  # cells = 2 * num_leaves
     num_leaves: int = struct.field(pytree_node=False)  # P, a power of two
 
     @property
     def num_levels(self) -> int:
-        """L = log2(P): the number of halvings from the leaves to the root."""
+        """The number of halvings from the leaves to the root, L = log2(P)."""
         return self.num_leaves.bit_length() - 1
 
 
 def build_sum_tree(logp: Float[ArrayLike, "... n"]) -> SumTree:
-    """The pyramid of `logp` along its last axis (leading axes are independent trees)."""
+    """The pyramid of `logp` along its last axis (leading axes are independent trees).
+
+    Parameters
+    ----------
+    logp : array, shape [..., n]
+        Log-values; padded with -inf to P leaves.
+    """
     logp = jnp.asarray(logp, dtype=jnp.float32)
     num_values = logp.shape[-1]
     num_leaves = 1 << max(num_values - 1, 0).bit_length()
@@ -96,6 +110,15 @@ def range_logmass(
     (cells [T, 2P]) of which query q reads row[q]. The bottom-up segment-tree walk in closed form: at level k (leaves k = 0)
     the range is the cells [l_k, r_k) with l_k = ceil((P + lo) / 2^k), r_k = floor((P + hi) / 2^k);
     the walk takes cell l_k when l_k is odd and cell r_k - 1 when r_k is odd (if l_k < r_k).
+
+    Parameters
+    ----------
+    tree : SumTree
+        One tree, or a table of trees [T, 2P].
+    lo, hi : jax.Array, shape [...q]
+        Ranges [lo, hi) of leaves.
+    row : jax.Array, shape [...q], optional
+        With a table of trees, the tree each query reads.
     """
     lo = jnp.asarray(lo, dtype=jnp.int32)[..., None] + tree.num_leaves
     hi = jnp.asarray(hi, dtype=jnp.int32)[..., None] + tree.num_leaves
@@ -113,6 +136,16 @@ def range_logmass(
 def leaf_logprobs(
     tree: SumTree, positions: Int[ArrayLike, "*q"], row: Int[ArrayLike, "*q"] | None = None
 ) -> Float[Array, "*q"]:
-    """x_i for every position i (leaves of a single tree, or of row[q] of a table of trees)."""
+    """x_i for every position i (leaves of a single tree, or of row[q] of a table of trees).
+
+    Parameters
+    ----------
+    tree : SumTree
+        One tree, or a table of trees [T, 2P].
+    positions : jax.Array, shape [...q]
+        Leaf indices.
+    row : jax.Array, shape [...q], optional
+        With a table of trees, the tree each query reads.
+    """
     cells = jnp.asarray(positions, dtype=jnp.int32)[..., None] + tree.num_leaves
     return _cells_at(tree, cells, row)[..., 0]

@@ -66,7 +66,36 @@ EDGE_KEY_END = np.iinfo(_INT).max
 
 @struct.dataclass
 class TokenTrie:
-    """Trie of a vocabulary's byte strings as arrays (N nodes, Vb byte tokens, V token ids)."""
+    """Trie of a vocabulary's byte strings as arrays (N nodes, Vb byte tokens, V token ids).
+
+    Attributes
+    ----------
+    sorted_token_ids : jax.Array, shape [Vb]
+        The byte tokens sorted by byte string (sorted position -> token id).
+    node_depth, node_lo, node_end_hi, node_hi : jax.Array, shape [N]
+        Per node u: its depth in bytes; the sorted positions [lo, end_hi) of the tokens spelling
+        exactly u and [lo, hi) of those starting with u.
+    node_parent, node_byte : jax.Array, shape [N]
+        Parent (NO_NODE for the root) and last byte (NO_BYTE for the root).
+    node_first_child, node_num_children : jax.Array, shape [N]
+        The children are nodes [first_child, first_child + num_children).
+    edge_keys : jax.Array, shape [N]
+        parent * 256 + byte of nodes 1..N-1 (sorted), for `child` lookups.
+    large_nodes : jax.Array, shape [NL]
+        Nodes with more than SEGMENT_MAX_TOKENS tokens (their masses come from the sum tree).
+    pair_node, pair_position : jax.Array, shape [P]
+        (node, sorted position) pairs of the other nodes, by node.
+    vocab_size : int
+        V.
+    num_nodes : int
+        N.
+    max_depth : int
+        The longest byte string.
+    max_duplicates : int
+        The most tokens sharing one byte string.
+    max_inner_children : int
+        The most children of a non-root node.
+    """
 
     sorted_token_ids: Int[Array, "Vb"]  # sorted position -> token id
     node_depth: Int[Array, "N"]  # |u| in bytes
@@ -106,7 +135,19 @@ class TokenTrie:
 
 
 class EndingTokens(NamedTuple):
-    """The tokens whose byte string is exactly a node's prefix, padded to max_duplicates."""
+    """The tokens whose byte string is exactly a node's prefix, padded to max_duplicates.
+
+    Attributes
+    ----------
+    token_ids : jax.Array, shape [...q, D]
+        The token ids (D = max_duplicates).
+    positions : jax.Array, shape [...q, D]
+        Their sorted positions.
+    mask : jax.Array, shape [...q, D], bool
+        Which entries are real.
+    logprobs : jax.Array, shape [...q, D]
+        Their log-probabilities (-inf where masked).
+    """
 
     token_ids: Int[Array, "*q D"]  # NO_TOKEN where not mask
     positions: Int[Array, "*q D"]  # sorted positions; meaningless where not mask
@@ -115,7 +156,15 @@ class EndingTokens(NamedTuple):
 
 
 def child(trie: TokenTrie, node: Int[ArrayLike, "*q"], byte: Int[ArrayLike, "*q"]) -> Int[Array, "*q"]:
-    """child(u, b), or NO_NODE where u has no child b (or u is NO_NODE). Broadcasts."""
+    """child(u, b), or NO_NODE where u has no child b (or u is NO_NODE). Broadcasts.
+
+    Parameters
+    ----------
+    trie : TokenTrie
+        The trie.
+    node, byte : jax.Array, shape [...q]
+        Nodes and bytes (broadcast).
+    """
     node = jnp.asarray(node, dtype=jnp.int32)
     byte = jnp.asarray(byte, dtype=jnp.int32)
     key = node * NUM_BYTES + byte
@@ -128,7 +177,19 @@ def node_logmass(
     trie: TokenTrie, tree: SumTree, node: Int[ArrayLike, "*q"], row: Int[ArrayLike, "*q"] | None = None
 ) -> Float[Array, "*q"]:
     """log m(u) = log sum_{lo(u) <= i < hi(u)} p(sorted token i); -inf for NO_NODE.
-    With `row`, `tree` is a table of trees and query q reads tree row[q]."""
+    With `row`, `tree` is a table of trees and query q reads tree row[q].
+
+    Parameters
+    ----------
+    trie : TokenTrie
+        The trie.
+    tree : SumTree
+        The sum tree (or a table of them).
+    node : jax.Array, shape [...q]
+        Nodes u.
+    row : jax.Array, shape [...q], optional
+        With a table of trees, the tree each query reads.
+    """
     node = jnp.asarray(node, dtype=jnp.int32)
     valid = node != NO_NODE
     mass = range_logmass(tree, trie.node_lo[node], trie.node_hi[node], row)
@@ -148,6 +209,23 @@ def next_byte_logmass(
     queries scattered to their byte labels (vmap over nodes); `max_children` may be lowered to
     `trie.max_inner_children` for nodes known not to be the root. With the tokens ending at u,
     logaddexp(logsumexp(next_byte_logmass(u)), log sum_{b(t) = u} p(t)) = log m(u).
+
+    Parameters
+    ----------
+    trie : TokenTrie
+        The trie.
+    tree : SumTree
+        The sum tree (or a table of them).
+    node : jax.Array, shape []
+        The node u.
+    row : jax.Array, shape [], optional
+        The tree to read in a table of trees.
+    max_children : int
+        Static bound on u's children.
+
+    Returns
+    -------
+    jax.Array, shape [256]
     """
     node = jnp.asarray(node, dtype=jnp.int32)
     slot = jnp.arange(max_children, dtype=jnp.int32)
@@ -161,7 +239,19 @@ def next_byte_logmass(
 def ending_tokens(
     trie: TokenTrie, tree: SumTree, node: Int[ArrayLike, "*q"], row: Int[ArrayLike, "*q"] | None = None
 ) -> EndingTokens:
-    """The tokens t with b(t) = u (duplicates included) and their log-probabilities."""
+    """The tokens t with b(t) = u (duplicates included) and their log-probabilities.
+
+    Parameters
+    ----------
+    trie : TokenTrie
+        The trie.
+    tree : SumTree
+        The next-token distribution's sum tree over sorted positions (or a table of them).
+    node : jax.Array, shape [...q]
+        Nodes u.
+    row : jax.Array, shape [...q], optional
+        With a table of trees, the tree each query reads.
+    """
     node = jnp.asarray(node, dtype=jnp.int32)[..., None]
     positions = trie.node_lo[node] + jnp.arange(trie.max_duplicates, dtype=jnp.int32)
     mask = (positions < trie.node_end_hi[node]) & (node != NO_NODE)
@@ -178,6 +268,17 @@ def all_node_logmasses(trie: TokenTrie, logp: Float[ArrayLike, "V"]) -> Float[Ar
     pairs, log m(u) = M(u) + log sum_{pairs (u, t)} exp(log p(t) - M(u)), M(u) = max over the
     pairs. Larger nodes (a few thousand, but most of the pairs): range queries on a sum tree,
     because a sequential f32 segment sum over the root's V tokens is ~4e-4 off (Gemma 3).
+
+    Parameters
+    ----------
+    trie : TokenTrie
+        The vocabulary's trie.
+    logp : array, shape [V]
+        A next-token log-distribution.
+
+    Returns
+    -------
+    jax.Array, shape [N]
     """
     sorted_logp = trie.sort_logprobs(logp)
     pair_logp = sorted_logp[trie.pair_position]

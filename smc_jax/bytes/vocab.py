@@ -62,7 +62,17 @@ class TokenizerScheme(enum.Enum):
 
 @dataclasses.dataclass(frozen=True)
 class ByteVocab:
-    """Byte string and kind of every token id 0..vocab_size-1 (None for CONTROL tokens)."""
+    """Byte string and kind of every token id 0..vocab_size-1 (None for CONTROL tokens).
+
+    Attributes
+    ----------
+    byte_strings : tuple of bytes or None
+        The bytes of every token id 0..V-1 (None for control tokens).
+    kinds : numpy.ndarray, shape [V], int8
+        The `TokenKind` of every token id.
+    scheme : TokenizerScheme
+        How the tokenizer spells bytes.
+    """
 
     byte_strings: tuple[bytes | None, ...]
     kinds: Int8[np.ndarray, "V"]  # TokenKind values
@@ -112,7 +122,13 @@ def _is_sentencepiece_decoder(decoder: dict[str, Any]) -> bool:
 
 
 def detect_scheme(tokenizer: Any) -> TokenizerScheme:
-    """Reads the byte scheme from the tokenizer's backend decoder; raises on anything else."""
+    """Reads the byte scheme from the tokenizer's backend decoder; raises on anything else.
+
+    Parameters
+    ----------
+    tokenizer : tokenizers or transformers tokenizer
+        The Hugging Face tokenizer.
+    """
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if backend is None or backend.decoder is None:
         raise ValueError(
@@ -131,7 +147,7 @@ def _byte_level_bytes(piece: str, byte_decoder: dict[str, int]) -> bytes:
     try:
         return bytes(byte_decoder[char] for char in piece)
     except KeyError as missing:
-        raise ValueError(f"token {piece!r} has a character {missing} outside GPT-2's byte alphabet")
+        raise ValueError(f"token {piece!r} has a character {missing} outside GPT-2's byte alphabet") from None
 
 
 def _sentencepiece_bytes(piece: str) -> bytes:

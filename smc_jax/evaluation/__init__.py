@@ -1,7 +1,7 @@
 """The paper's evaluations (Sec. 6, App. F): methods x f x M x seeds over task instances,
 recorded run by run in a resumable JSONL file and aggregated into Table 5 (expected accuracy,
 mean and 95% CI over seeds), the particle study (E[log Z-hat] against M), Table 7 (per-instance
-Spearman correlations of log Z-hat with expected accuracy) and their plots.
+Spearman correlations of log Z-hat with expected accuracy) and their plots::
 
     from smc_jax.evaluation import ModelRunner, RecordStore, Settings, load_instances, plan, run_jobs
     settings = Settings(model="smollm2-135m-instruct", max_length=24, at_max_length="truncate")
@@ -13,6 +13,7 @@ Spearman correlations of log Z-hat with expected accuracy) and their plots.
 The scripts benchmarks/evaluate.py (Table 5) and benchmarks/particle_study.py drive this.
 """
 
+from smc_jax.evaluation.jsonl import TornLineWarning
 from smc_jax.evaluation.methods import (
     METHODS, STUDY_LEVELS, Method, Settings, StudyLevel, build_sampler, chat_as_text, experts_for, get_method,
 )
@@ -22,7 +23,7 @@ from smc_jax.evaluation.stats import CorrelationSummary, Interval, per_instance_
 
 __all__ = [
     "METHODS", "STUDY_LEVELS", "Method", "Settings", "StudyLevel", "build_sampler", "chat_as_text", "experts_for", "get_method",
-    "NO_F", "Record", "RecordStore", "SettingsMismatchError",
+    "NO_F", "Record", "RecordStore", "SettingsMismatchError", "TornLineWarning",
     "PAPER_FS", "Job", "ModelRunner", "load_instances", "plan", "run_jobs", "select",
     "CorrelationSummary", "Interval", "per_instance_spearman", "spearman", "t_interval", "zscore",
 ]

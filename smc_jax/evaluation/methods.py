@@ -13,7 +13,8 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
-from smc_jax.api import DEFAULT_BEAM_WIDTH, DEFAULT_PRUNE_THRESHOLD, EnsembleSampler, Expert, Prompt
+from smc_jax.api import EnsembleSampler, Expert, Prompt
+from smc_jax.settings import DEFAULT_BEAM_WIDTH, DEFAULT_PRUNE_THRESHOLD
 from smc_jax.models.lm import LanguageModel
 from smc_jax.tasks.base import Chat
 
@@ -22,7 +23,25 @@ Experts = Literal["prompt1", "prompt2", "both", "cross", "cross_a", "cross_b"]
 
 @dataclasses.dataclass(frozen=True)
 class Method:
-    """One row family of Table 5: which experts, at which level, with which sampler."""
+    """One row family of Table 5: which experts, at which level, with which sampler.
+
+    Attributes
+    ----------
+    name, label : str
+        The method's name (`--methods`) and its row label.
+    level : {"token", "byte", "local"}
+        The sampler's level.
+    experts : {"prompt1", "prompt2", "both", "cross", "cross_a", "cross_b"}
+        Which experts: one prompt, both prompts, the two models, or one of them.
+    uses_f : bool
+        Whether f matters (False for one expert).
+    importance_sampling : bool
+        Never resample (ess_threshold = 0).
+    resample_finished : bool
+        False: resample only the active particles.
+    constrained : bool
+        Put the instance's constraint (`instance_constraint`) on the outputs as a factor.
+    """
 
     name: str
     label: str
@@ -31,6 +50,7 @@ class Method:
     uses_f: bool
     importance_sampling: bool = False  # ess_threshold = 0: never resample
     resample_finished: bool = True  # the paper's Alg. 1; False: resample only active particles
+    constrained: bool = False  # the instance's constraint (`instance_constraint`) as a factor
 
     @property
     def cross_model(self) -> bool:
@@ -49,6 +69,10 @@ METHODS: dict[str, Method] = {m.name: m for m in (
     Method("cross_byte_is", "Cross-Model Byte IS", "byte", "cross", uses_f=True, importance_sampling=True),
     Method("cross_byte_active", "Cross-Model Byte SMC (active resampling)", "byte", "cross", uses_f=True,
            resample_finished=False),
+    Method("token_constrained", "Token SMC + constraint", "token", "both", uses_f=True, constrained=True),
+    Method("local_constrained", "Token Local + constraint", "local", "both", uses_f=True, constrained=True),
+    Method("cross_byte_constrained", "Cross-Model Byte SMC + constraint", "byte", "cross", uses_f=True,
+           constrained=True),
     Method("cross_a", "Cross prompt, model A", "token", "cross_a", uses_f=False),
     Method("cross_b", "Cross prompt, model B", "token", "cross_b", uses_f=False),
 )}
@@ -58,7 +82,16 @@ METHODS: dict[str, Method] = {m.name: m for m in (
 class StudyLevel:
     """The methods a particle study compares at one level: SMC (the paper's Alg. 1), SMC that
     resamples only active particles, importance sampling (the same sampler without resampling)
-    and the two experts alone (sanity check (a))."""
+    and the two experts alone (sanity check (a)).
+
+    Attributes
+    ----------
+    smc, smc_active, importance : str
+        The method names of SMC (Alg. 1), SMC resampling only active particles, and importance
+        sampling.
+    experts : tuple of str
+        The two one-expert methods (sanity check (a)).
+    """
 
     smc: str
     smc_active: str
@@ -73,6 +106,13 @@ STUDY_LEVELS: dict[str, StudyLevel] = {
 
 
 def get_method(name: str) -> Method:
+    """The method called `name` (one of `METHODS`); a ValueError listing them otherwise.
+
+    Parameters
+    ----------
+    name : str
+        The method's name.
+    """
     if name not in METHODS:
         raise ValueError(f"unknown method {name!r}; known methods: {', '.join(METHODS)}")
     return METHODS[name]
@@ -83,7 +123,27 @@ class Settings:
     """Run-level settings, stored with every record (records under other settings never mix).
 
     max_length is in tokens (token and local levels), max_bytes in bytes (byte level);
-    cross_prompt (1 or 2) is the prompt both models read in cross-model methods."""
+    cross_prompt (1 or 2) is the prompt both models read in cross-model methods.
+
+    Attributes
+    ----------
+    model, cross_model : str
+        The models' names or paths.
+    max_length, max_bytes : int
+        Length limits in tokens and in bytes.
+    at_max_length : {"truncate", "eos"}
+        What happens at the limit.
+    temperature, ess_threshold, prune_threshold : float
+        Sampler settings.
+    resampler : str
+        The resampler.
+    beam_width : int
+        The byte beam's width.
+    cross_prompt : int
+        1 or 2.
+    dtype : str
+        "float32" or "bfloat16".
+    """
 
     model: str
     cross_model: str | None = None
@@ -103,7 +163,13 @@ class Settings:
 
 
 def chat_as_text(chat: Chat) -> str:
-    """A chat prompt as plain text, messages separated by blank lines (for base models)."""
+    """A chat prompt as plain text, messages separated by blank lines (for base models).
+
+    Parameters
+    ----------
+    chat : list of dict
+        Chat messages.
+    """
     return "\n\n".join(message["content"] for message in chat)
 
 
@@ -122,7 +188,21 @@ def cross_prompts(model_a: LanguageModel, model_b: LanguageModel, chat: Chat) ->
 
 def experts_for(method: Method, prompts: tuple[Chat, Chat], model: LanguageModel,
                 cross_model: LanguageModel | None, cross_prompt: int) -> tuple[Expert, ...]:
-    """The experts of `method` for one instance's two prompts."""
+    """The experts of `method` for one instance's two prompts.
+
+    Parameters
+    ----------
+    method : Method
+        The method.
+    prompts : tuple of two chats
+        The instance's prompts 1 and 2.
+    model : LanguageModel
+        The model.
+    cross_model : LanguageModel or None
+        The second model of cross-model methods.
+    cross_prompt : int
+        The prompt (1 or 2) both models read in cross-model methods.
+    """
     chat_1, chat_2 = prompts
     if method.experts == "prompt1":
         return (Expert(model, chat_1),)
@@ -139,9 +219,43 @@ def experts_for(method: Method, prompts: tuple[Chat, Chat], model: LanguageModel
     return {"cross": pair, "cross_a": pair[:1], "cross_b": pair[1:]}[method.experts]
 
 
+def instance_constraint(task: str, instance: Any):
+    """The constraint a constrained method puts on an instance's outputs (issue 17):
+    json_schema: the instance's schema (compact whitespace); word_sorting: a comma-separated list
+    of exactly as many items as the input has words, each one of the input's words (an optional
+    leading space). Raises ValueError (naming the keyword) for a schema the compiler refuses."""
+    import re
+
+    from smc_jax import constraints
+
+    if task == "json_schema":
+        return constraints.json_schema(instance.schema, whitespace="")
+    if task == "word_sorting":
+        words = instance.input.split()
+        word = "(?:" + "|".join(re.escape(w) for w in sorted(set(words))) + ")"
+        return constraints.regex(f" ?{word}(?:, ?{word}){{{len(words) - 1}}}")
+    raise ValueError(f"no constraint is defined for task {task!r} (json_schema and word_sorting have one)")
+
+
 def build_sampler(method: Method, f: str, num_particles: int, experts: Sequence[Expert],
-                  settings: Settings) -> EnsembleSampler:
-    """The sampler of one (instance, method, f, M): compiled on its first call, reused per seed."""
+                  settings: Settings, constraint: Any = None) -> EnsembleSampler:
+    """The sampler of one (instance, method, f, M): compiled on its first call, reused per seed.
+
+    Parameters
+    ----------
+    method : Method
+        The method.
+    f : str
+        The ensemble function.
+    num_particles : int
+        M.
+    experts : sequence of Expert
+        From `experts_for`.
+    settings : Settings
+        The run settings.
+    constraint : Automaton, optional
+        The instance's constraint (`instance_constraint`), for the constrained methods.
+    """
     byte = method.level == "byte"
     return EnsembleSampler(
         experts=tuple(experts),
@@ -156,6 +270,7 @@ def build_sampler(method: Method, f: str, num_particles: int, experts: Sequence[
         beam_width=settings.beam_width,
         prune_threshold=settings.prune_threshold,
         at_max_length=settings.at_max_length,
+        constraint=constraint,
     )
 
 

@@ -4,6 +4,10 @@ A record is one finished (task, instance, method, f, M, seed) run with what the 
 for it: expected accuracy, log Z-hat, wall time, model calls and SMC steps. Every record also
 carries the run-level `settings` (models, length limit, temperature, ...) so that records made
 under other settings are never silently mixed into one table.
+
+The file is written line by line through `smc_jax.evaluation.jsonl`: a study killed while it
+writes a record loses only that run (the cut-off last line is dropped with a warning and the run
+is redone on resume); a bad line anywhere else is an error naming its line number.
 """
 
 from __future__ import annotations
@@ -14,6 +18,8 @@ import math
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
+
+from smc_jax.evaluation.jsonl import append_line, read_lines
 
 #: The f of a single-expert run (K = 1: every f-ensemble of one expert is that expert).
 NO_F = "none"
@@ -31,7 +37,31 @@ class Record:
     """One finished run. `log_Z` is None for the token-local baseline (no importance weights)
     and when every particle ended at zero weight (`zero_weight`); `finished` is the fraction of
     particles that ended with EOS; `seconds` is the wall time of the sampler call (the first
-    call of a compiled shape includes compilation)."""
+    call of a compiled shape includes compilation).
+
+    Attributes
+    ----------
+    task, instance, method, f : str
+        What ran.
+    num_particles, seed : int
+        M and the seed.
+    expected_accuracy : float
+        sum_m w_bar_m 1{x_m correct}.
+    log_Z : float or None
+        log Z-hat.
+    seconds : float
+        Wall time of the sampler call.
+    model_calls : int or None
+        Sequential model calls.
+    steps : int
+        SMC steps.
+    finished : float
+        Fraction of particles that ended with EOS.
+    zero_weight : bool
+        Every particle ended at zero weight.
+    settings : mapping
+        The run settings (`Settings.to_dict`).
+    """
 
     task: str
     instance: str
@@ -78,10 +108,20 @@ def first_difference(a: Mapping[str, Any], b: Mapping[str, Any]) -> str | None:
 
 
 class RecordStore:
-    """Records of one study in a JSONL file: loaded on open, appended (and flushed) one by one.
+    """Records of one study in a JSONL file: loaded on open, appended one by one as whole lines.
 
     With `settings`, every record already in the file must have been made under the same
-    settings; otherwise `SettingsMismatchError` (use another file for other settings).
+    settings; otherwise `SettingsMismatchError` (use another file for other settings). A last
+    line cut off by an interrupted write is dropped with a `TornLineWarning` (that run is then
+    missing and is run again); any other line that is not a record raises `ValueError` with the
+    file and line number. Opening never modifies the file.
+
+    Parameters
+    ----------
+    path : str or pathlib.Path
+        The JSONL file (created when missing).
+    settings : mapping, optional
+        The settings every record must share.
     """
 
     def __init__(self, path: str | Path, settings: Mapping[str, Any] | None = None):
@@ -89,7 +129,7 @@ class RecordStore:
         self.settings = dict(settings or {})
         self._records: dict[RecordKey, Record] = {}
         if self.path.exists():
-            for number, line in enumerate(self.path.read_text(encoding="utf-8").splitlines(), 1):
+            for number, line in read_lines(self.path):
                 if not line.strip():
                     continue
                 try:
@@ -121,14 +161,13 @@ class RecordStore:
         return list(self._records.values())
 
     def append(self, record: Record) -> None:
-        """Adds a record and writes it to the file at once (a crash loses at most the run in flight)."""
+        """Adds a record and appends it to the file at once, as one whole line (a crash loses at
+        most the run in flight)."""
         if record.key in self._records:
             raise ValueError(f"record {record.key} is already in {self.path}")
         if self._checked:
             self._check(record)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        with self.path.open("a", encoding="utf-8") as handle:
-            handle.write(record.to_json() + "\n")
+        append_line(self.path, record.to_json())
         self._records[record.key] = record
 
     def extend(self, records: Iterable[Record]) -> None:

@@ -16,7 +16,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-from smc_jax.evaluation.methods import Settings, build_sampler, experts_for, get_method
+from smc_jax.evaluation.methods import Settings, build_sampler, experts_for, get_method, instance_constraint
 from smc_jax.evaluation.records import NO_F, Record, RecordKey, RecordStore
 from smc_jax.models.lm import LanguageModel
 from smc_jax.smc.result import SMCResult, ZeroWeightError
@@ -29,7 +29,21 @@ PAPER_FS = ("min", "product", "mixture", "max")
 
 @dataclasses.dataclass(frozen=True)
 class Job:
-    """One sampler configuration: a task instance, a method, an f and a particle count."""
+    """One sampler configuration: a task instance, a method, an f and a particle count.
+
+    Attributes
+    ----------
+    task : str
+        "json", "word_sorting" or "sql".
+    instance : task instance
+        One instance of the task.
+    method : str
+        A name of `METHODS`.
+    f : str
+        The ensemble function (`NO_F` for one-expert methods).
+    num_particles : int
+        M.
+    """
 
     task: str
     instance: Any
@@ -44,7 +58,21 @@ class Job:
 def load_instances(task: str, limit: int | None, seed: int = 0, data_dir: str | Path | None = None,
                    max_words: int | None = None) -> list[Any]:
     """`limit` instances of `task` drawn with `seed` (all when None). For word sorting,
-    `max_words` first keeps only the lists of at most that many words."""
+    `max_words` first keeps only the lists of at most that many words.
+
+    Parameters
+    ----------
+    task : str
+        The task's name.
+    limit : int or None
+        How many instances.
+    seed : int
+        The draw's seed.
+    data_dir : str or pathlib.Path, optional
+        The data folder (see `smc_jax.tasks.resolve_data_dir`).
+    max_words : int, optional
+        Word sorting only: the longest list kept.
+    """
     pool = get_task(task).instances(data_dir=data_dir)
     if max_words is not None and task == "word_sorting":
         pool = [instance for instance in pool if len(instance.input.split()) <= max_words]
@@ -55,7 +83,19 @@ def load_instances(task: str, limit: int | None, seed: int = 0, data_dir: str | 
 
 def plan(instances: Mapping[str, Sequence[Any]], methods: Sequence[str], fs: Sequence[str],
          particles: Sequence[int]) -> list[Job]:
-    """Every (task, instance, method, f, M); methods with one expert get f = NO_F (once)."""
+    """Every (task, instance, method, f, M); methods with one expert get f = NO_F (once).
+
+    Parameters
+    ----------
+    instances : mapping of str to sequence
+        Task name -> its instances.
+    methods : sequence of str
+        Method names.
+    fs : sequence of str
+        Ensemble functions.
+    particles : sequence of int
+        Particle counts M.
+    """
     jobs = []
     for task, task_instances in instances.items():
         for instance in task_instances:
@@ -73,7 +113,21 @@ SeedRunner = Callable[[int], Record]
 def run_jobs(jobs: Sequence[Job], seeds: Sequence[int], store: RecordStore,
              make_runner: Callable[[Job], SeedRunner], progress: bool = True) -> int:
     """Runs every (job, seed) not yet in `store`, appending each record as it finishes.
-    `make_runner(job)` builds the job's sampler once; returns the number of new runs."""
+    `make_runner(job)` builds the job's sampler once; returns the number of new runs.
+
+    Parameters
+    ----------
+    jobs : sequence of Job
+        From `plan`.
+    seeds : sequence of int
+        The seeds of every job.
+    store : RecordStore
+        Where the records go (runs already there are skipped).
+    make_runner : callable
+        Job -> a function of the seed returning a `Record`.
+    progress : bool
+        Show a progress bar.
+    """
     pending = [(job, [s for s in seeds if job.key(s) not in store]) for job in jobs]
     pending = [(job, todo) for job, todo in pending if todo]
     total = sum(len(todo) for _, todo in pending)
@@ -117,7 +171,17 @@ def record_from_result(job: Job, seed: int, result: SMCResult | None, correct: C
 
 @dataclasses.dataclass
 class ModelRunner:
-    """make_runner for real models: experts from the task's prompts, one sampler per job."""
+    """make_runner for real models: experts from the task's prompts, one sampler per job.
+
+    Attributes
+    ----------
+    model : LanguageModel
+        The model (`--model`).
+    settings : Settings
+        The run settings.
+    cross_model : LanguageModel, optional
+        The second model of cross-model methods.
+    """
 
     model: LanguageModel
     settings: Settings
@@ -128,7 +192,8 @@ class ModelRunner:
         method = get_method(job.method)
         experts = experts_for(method, task.prompts(job.instance), self.model, self.cross_model,
                               self.settings.cross_prompt)
-        sampler = build_sampler(method, job.f, job.num_particles, experts, self.settings)
+        constraint = instance_constraint(job.task, job.instance) if method.constrained else None
+        sampler = build_sampler(method, job.f, job.num_particles, experts, self.settings, constraint)
 
         def correct(text: str) -> bool:
             return task.is_correct(job.instance, text)
@@ -145,7 +210,15 @@ class ModelRunner:
 
 
 def select(records: Iterable[Record], **criteria: Any) -> list[Record]:
-    """Records whose fields equal every given value (a tuple/list/set value: any of them)."""
+    """Records whose fields equal every given value (a tuple/list/set value: any of them).
+
+    Parameters
+    ----------
+    records : iterable of Record
+        The records.
+    **criteria
+        Field name -> value (or a tuple, list or set of values).
+    """
     out = []
     for record in records:
         ok = True

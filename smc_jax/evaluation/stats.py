@@ -28,7 +28,15 @@ CONFIDENCE = 0.95
 
 @dataclasses.dataclass(frozen=True)
 class Interval:
-    """A mean with the half-width of its confidence interval over n values (NaN if n < 2)."""
+    """A mean with the half-width of its confidence interval over n values (NaN if n < 2).
+
+    Attributes
+    ----------
+    mean, half_width : float
+        The interval is mean +- half_width.
+    n : int
+        The number of values.
+    """
 
     mean: float
     half_width: float
@@ -43,7 +51,15 @@ class Interval:
 
 
 def t_interval(values: Sequence[float], confidence: float = CONFIDENCE) -> Interval:
-    """mean +- t_{(1+c)/2, n-1} * s / sqrt(n) with s the sample standard deviation (ddof=1)."""
+    """mean +- t_{(1+c)/2, n-1} * s / sqrt(n) with s the sample standard deviation (ddof=1).
+
+    Parameters
+    ----------
+    values : sequence of float
+        The values (one per seed).
+    confidence : float
+        c.
+    """
     v = np.asarray(values, np.float64)
     n = int(v.size)
     if n == 0:
@@ -55,7 +71,13 @@ def t_interval(values: Sequence[float], confidence: float = CONFIDENCE) -> Inter
 
 
 def zscore(values: Sequence[float]) -> np.ndarray:
-    """(v - mean) / std with the population std (ddof=0); all zeros when the values are constant."""
+    """(v - mean) / std with the population std (ddof=0); all zeros when the values are constant.
+
+    Parameters
+    ----------
+    values : sequence of float
+        The values.
+    """
     v = np.asarray(values, np.float64)
     std = v.std()
     if v.size == 0 or not std > 0:
@@ -64,7 +86,13 @@ def zscore(values: Sequence[float]) -> np.ndarray:
 
 
 def spearman(x: Sequence[float], y: Sequence[float]) -> float:
-    """Spearman's rho: Pearson's r of average ranks; NaN when either side is constant or n < 2."""
+    """Spearman's rho: Pearson's r of average ranks; NaN when either side is constant or n < 2.
+
+    Parameters
+    ----------
+    x, y : sequence of float
+        Paired values.
+    """
     if len(x) != len(y):
         raise ValueError(f"x and y differ in length: {len(x)} != {len(y)}")
     if len(x) < 2:
@@ -77,7 +105,17 @@ def spearman(x: Sequence[float], y: Sequence[float]) -> float:
 
 @dataclasses.dataclass(frozen=True)
 class CorrelationSummary:
-    """Mean of per-instance correlations +- standard error, a t-test against 0, and counts."""
+    """Mean of per-instance correlations +- standard error, a t-test against 0, and counts.
+
+    Attributes
+    ----------
+    mean, standard_error, p_value : float
+        Mean rho over the instances, its standard error, the t-test's p-value.
+    n_instances, n_undefined : int
+        Instances with a defined rho, and those left out (a constant side).
+    per_instance : dict
+        rho per instance.
+    """
 
     mean: float
     standard_error: float
@@ -96,7 +134,13 @@ class CorrelationSummary:
 
 def per_instance_spearman(points: Iterable[tuple[Hashable, float, float]]) -> CorrelationSummary:
     """points: (instance, x, y) triples. Spearman's rho per instance, then their mean +- SE over
-    the instances where it is defined, and a one-sample t-test of that mean against 0."""
+    the instances where it is defined, and a one-sample t-test of that mean against 0.
+
+    Parameters
+    ----------
+    points : iterable of (instance, float, float)
+        (instance, x, y) triples.
+    """
     groups: dict[Hashable, tuple[list[float], list[float]]] = defaultdict(lambda: ([], []))
     for instance, x, y in points:
         groups[instance][0].append(float(x))

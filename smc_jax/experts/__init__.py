@@ -1,4 +1,5 @@
-"""Experts: the interface the sampler calls, and toy experts with enumerable distributions."""
+"""Experts: the interface the sampler calls, toy experts with enumerable distributions, and
+constraint experts (0/1 potentials from automata)."""
 
 from smc_jax.experts.base import ExpertGroup, ExpertStack, eos_symbol, stack_experts, take_particles, where_active
 from smc_jax.experts.scoring import Scores, pad_sequences, sequence_logprobs, target_symbols, teacher_force
@@ -8,4 +9,4 @@ __all__ = [
     "ExpertGroup", "ExpertStack", "eos_symbol", "stack_experts", "take_particles", "where_active",
     "NGramExpert", "TableExpert", "Scores", "pad_sequences", "sequence_logprobs", "target_symbols",
     "teacher_force",
-]
+]  # the constraint expert (experts.constraint) is public as smc_jax.constraints

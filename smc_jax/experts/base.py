@@ -11,10 +11,16 @@ Contract (checked by the reusable tests in tests/experts_contract.py):
   symbol a in alphabet + EOS: shape [M, K, A + 1], float32, each row a normalized
   distribution (logsumexp = 0) or, for a string the expert cannot produce, anything <= 0
   (the engine multiplies by the expert's prefix probability, which is then 0).
+  *Potentials* relax this: a group with `is_potential = True` (a hard constraint,
+  `smc_jax.experts.constraint.ConstraintExpert`) returns log phi(xa) / phi^(x) for a potential
+  phi that need not sum to 1 over continuations -- for a 0/1 constraint, 0 where xa can still be
+  completed in the language (EOS: where x is in it) and -inf elsewhere, so a row's logsumexp is
+  the log of the number of viable symbols. The engine treats every column alike (it multiplies
+  prefix values), and `smc_jax.ensemble.ConstrainedEnsemble` decides how potentials enter f.
 * `advance(state, symbols, active)` appends `symbols[m]` to particle m where `active[m]`, and
   leaves the other particles unchanged (their symbol is arbitrary, e.g. EOS or padding).
 * `reorder(state, ancestors)` returns the state of particles `ancestors` (resampling).
-* optionally, `failure(state)` (host side, after a run) returns an error message when the group
+* optionally, `failure(state)` (host side, after a run) returns an exception (or a message) when the group
   could not represent the run faithfully (e.g. a cache ran out of room), else None.
 
 Everything is pure and jittable; groups are pytrees so that their parameters are arguments of
@@ -26,6 +32,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Protocol, runtime_checkable
 
+import chex
 import jax
 import jax.numpy as jnp
 from flax import struct
@@ -38,31 +45,85 @@ PAD_SYMBOL = -1
 
 
 def eos_symbol(alphabet_size: int) -> int:
-    """The end-of-string symbol of an alphabet of `alphabet_size` symbols: the next integer."""
+    """The end-of-string symbol of an alphabet of `alphabet_size` symbols: the next integer.
+
+    Parameters
+    ----------
+    alphabet_size : int
+        A.
+    """
     return alphabet_size
 
 
 @runtime_checkable
 class ExpertGroup(Protocol):
+    """K experts that advance together over an alphabet of A symbols plus EOS (symbol A).
+
+    The contract is in this module's docstring. `ExpertStack` combines several groups;
+    `smc_jax.experts.TableExpert` and `NGramExpert` are toy groups, and language models become
+    groups through `smc_jax.api.EnsembleSampler`.
+
+    Attributes
+    ----------
+    num_experts : int
+        K.
+    alphabet_size : int
+        A (EOS is the symbol A).
+    """
+
     num_experts: int
     alphabet_size: int
 
-    def init(self, num_particles: int) -> PyTree: ...
+    def init(self, num_particles: int) -> PyTree:
+        """The state of `num_particles` (M) particles at the empty string (particle axis first)."""
+        ...
 
-    def logprobs(self, state: PyTree) -> Float[Array, "M K A1"]: ...
+    def logprobs(self, state: PyTree) -> Float[Array, "M K A1"]:
+        """log p_k(a | x) for every particle m, expert k and symbol a (EOS last): [M, K, A + 1]."""
+        ...
 
-    def advance(self, state: PyTree, symbols: Int[Array, "M"], active: Bool[Array, "M"]) -> PyTree: ...
+    def advance(self, state: PyTree, symbols: Int[Array, "M"], active: Bool[Array, "M"]) -> PyTree:
+        """Appends `symbols` [M] to the particles where `active` [M]; the others are unchanged.
 
-    def reorder(self, state: PyTree, ancestors: Int[Array, "M"]) -> PyTree: ...
+        Parameters
+        ----------
+        state : pytree
+            The particles' state.
+        symbols : jax.Array, shape [M]
+            One symbol per particle (0..A, EOS = A).
+        active : jax.Array, shape [M], bool
+            Which particles extend.
+        """
+        ...
+
+    def reorder(self, state: PyTree, ancestors: Int[Array, "M"]) -> PyTree:
+        """The state of particles `ancestors` [M] (resampling)."""
+        ...
 
 
 def take_particles(state: PyTree, ancestors: Int[Array, "M"]) -> PyTree:
-    """Gathers every leaf of a particle-major state along its first axis."""
+    """Gathers every leaf of a particle-major state along its first axis.
+
+    Parameters
+    ----------
+    state : pytree
+        Leaves with the particle axis first, [M, ...].
+    ancestors : jax.Array, shape [M]
+        The particle each new particle copies.
+    """
     return jax.tree.map(lambda leaf: jnp.take(leaf, ancestors, axis=0), state)
 
 
 def where_active(active: Bool[Array, "M"], new: PyTree, old: PyTree) -> PyTree:
-    """Per particle, the new state where active and the old one elsewhere."""
+    """Per particle, the new state where active and the old one elsewhere.
+
+    Parameters
+    ----------
+    active : jax.Array, shape [M], bool
+        Which particles take the new state.
+    new, old : pytree
+        States with the particle axis first.
+    """
 
     def select(n, o):
         mask = active.reshape(active.shape + (1,) * (n.ndim - 1))
@@ -78,6 +139,11 @@ class ExpertStack:
     The experts' axis is the concatenation of the groups' in order. This is how experts that
     cannot share a batched call (different models, or toy experts of different shapes) are
     combined; experts that can share one (one model under K prompts) form one group.
+
+    Attributes
+    ----------
+    groups : tuple of ExpertGroup
+        At least one group; all share one alphabet.
     """
 
     groups: tuple
@@ -104,7 +170,12 @@ class ExpertStack:
         return tuple(g.init(num_particles) for g in self.groups)
 
     def logprobs(self, state: tuple) -> Float[Array, "M K A1"]:
-        return jnp.concatenate([g.logprobs(s) for g, s in zip(self.groups, state)], axis=1)
+        parts = [g.logprobs(s) for g, s in zip(self.groups, state)]
+        # Shapes are static: these checks cost nothing at run time and name the group at fault.
+        chex.assert_rank(parts, 3)
+        chex.assert_equal_shape_prefix(parts, 1)  # every group has M particles
+        chex.assert_equal_shape_suffix(parts, 1)  # and one alphabet (plus EOS)
+        return jnp.concatenate(parts, axis=1)
 
     def advance(self, state: tuple, symbols: Int[Array, "M"], active: Bool[Array, "M"]) -> tuple:
         return tuple(g.advance(s, symbols, active) for g, s in zip(self.groups, state))
@@ -112,12 +183,25 @@ class ExpertStack:
     def reorder(self, state: tuple, ancestors: Int[Array, "M"]) -> tuple:
         return tuple(g.reorder(s, ancestors) for g, s in zip(self.groups, state))
 
-    def failure(self, state: tuple) -> str | None:
+    def failure(self, state: tuple) -> Exception | None:
+        """The first group's failure after a run (an exception to raise) (see `expert_failure`), or None.
+
+        Parameters
+        ----------
+        state : tuple
+            The stack's final state.
+        """
         return next(filter(None, (expert_failure(g, s) for g, s in zip(self.groups, state))), None)
 
     def stats(self, state: tuple) -> dict[str, int]:
         """Summed over groups: model calls of different groups are sequential, so they add up, and
-        each group's store capacities and peaks add up to the memory of the whole stack."""
+        each group's store capacities and peaks add up to the memory of the whole stack.
+
+        Parameters
+        ----------
+        state : tuple
+            The stack's state (one entry per group).
+        """
         total: dict[str, int] = {}
         for g, s in zip(self.groups, state):
             for key, value in expert_stats(g, s).items():
@@ -131,15 +215,23 @@ def expert_stats(group: ExpertGroup, state: PyTree) -> dict[str, int]:
     return stats(state) if stats is not None else {}
 
 
-def expert_failure(group: ExpertGroup, state: PyTree) -> str | None:
+def expert_failure(group: ExpertGroup, state: PyTree) -> Exception | None:
     """Host-side check after a run: groups that can fail (a full cache, an emptied beam) define
-    `failure(state) -> message or None`; the others never fail."""
+    `failure(state) -> exception or None` (a message string is wrapped in a RuntimeError); the
+    others never fail. Callers raise what it returns, so they can catch the failure by type."""
     check = getattr(group, "failure", None)
-    return check(state) if check is not None else None
+    problem = check(state) if check is not None else None
+    return RuntimeError(problem) if isinstance(problem, str) else problem
 
 
 def stack_experts(experts: ExpertGroup | Sequence[ExpertGroup]) -> ExpertGroup:
-    """One group from a group or a non-empty sequence of groups over the same alphabet."""
+    """One group from a group or a non-empty sequence of groups over the same alphabet.
+
+    Parameters
+    ----------
+    experts : ExpertGroup or sequence of ExpertGroup
+        One group (returned as is) or several (an `ExpertStack` unless there is one).
+    """
     if isinstance(experts, ExpertGroup) and not isinstance(experts, (list, tuple)):
         return experts
     experts = tuple(experts)

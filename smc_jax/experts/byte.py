@@ -14,7 +14,7 @@ needs an extension at once (its parent did not exist before the call).
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -39,19 +39,8 @@ from smc_jax.bytes.beam import (
 from smc_jax.bytes.healing import HealPlan, healed_beam, plan_heal, token_logprob, zero_byte_logprob
 from smc_jax.bytes.trie import TokenTrie
 from smc_jax.bytes.vocab import NUM_BYTES
-from smc_jax.models.contexts import (
-    NO_CONTEXT,
-    PROMPT_CONTEXT,
-    ContextStore,
-    PagedModel,
-    bucket_sizes,
-    context_stats,
-    store_failure,
-    extend_group,
-    init_store,
-)
-
-PyTree = Any
+from smc_jax.experts.model_base import ModelExperts
+from smc_jax.models.contexts import NO_CONTEXT, PROMPT_CONTEXT, ContextStore, bucket_sizes, extend_group
 
 
 class ByteExpertState(NamedTuple):
@@ -59,25 +48,18 @@ class ByteExpertState(NamedTuple):
     stores: ContextStore  # stacked over the K experts
 
 
-@struct.dataclass
-class ByteExperts:
-    """K byte-level experts = one `PagedModel` under K prompts (prefix states stacked on axis 0).
+@struct.dataclass(kw_only=True)
+class ByteExperts(ModelExperts):
+    """K byte-level experts = one `PagedModel` under K prompts (shared fields: `ModelExperts`).
 
     `allowed[v]` marks the token ids the byte LM may use: byte tokens and the EOS ids; the model's
     distribution is renormalized over them. `max_tokens` bounds the tokens of a continuation
     (at most the number of bytes sampled, the sampler's max_length).
     """
 
-    model: PagedModel
-    prefixes: PyTree
-    prompt_logits: Float[Array, "K V"]
     trie: TokenTrie
     allowed: Bool[Array, "V"]
-    eos_ids: tuple[int, ...] = struct.field(pytree_node=False)
     beam: BeamConfig = struct.field(pytree_node=False)
-    max_tokens: int = struct.field(pytree_node=False)
-    temperature: float = struct.field(pytree_node=False, default=1.0)
-    num_entries: int | None = struct.field(pytree_node=False, default=None)  # None: the worst case
     num_contexts: int | None = struct.field(pytree_node=False, default=None)  # None: the worst case
     # A shift that calls the model also fetches what the next refresh may need (more rows, fewer
     # sequential calls); False fetches only what each of the two needs (same distributions).
@@ -89,10 +71,6 @@ class ByteExperts:
     # The state of M particles after the prompt, computed once by `with_start_state` (its model
     # calls are the prompt's, like a prefill): runs then start from it without calling the model.
     start: ByteExpertState | None = None
-
-    @property
-    def num_experts(self) -> int:
-        return int(self.prompt_logits.shape[0])
 
     @property
     def alphabet_size(self) -> int:
@@ -133,10 +111,7 @@ class ByteExperts:
                 )
             return self.start
         m, c, d = num_particles, self.num_slots, self.trie.max_duplicates
-        num_entries, num_contexts = self.capacity(num_particles)
-        stores = jax.vmap(lambda s: init_store(self.model, s, num_entries, num_contexts, self.max_tokens))(
-            self._summarize(self.prompt_logits)
-        )
+        stores = self.init_stores(num_particles)
         k = self.num_experts
         if self.prompt_bytes is None:
             beam = initial_beam(m, c, d, PROMPT_CONTEXT)
@@ -284,11 +259,14 @@ class ByteExperts:
 
     def stats(self, state) -> dict[str, int]:
         """Host-side: model calls made, rows computed (padding included) and rows needed, and
-        the bytes healed (`smc_jax.bytes.healing`) along the particles' histories (summed)."""
-        return dict(context_stats(state.stores), heals=int(np.asarray(state.beams.heals).sum()))
+        the bytes healed (`smc_jax.bytes.healing`) along the particles' histories (summed).
 
-    def failure(self, state) -> str | None:
-        return store_failure(state.stores)
+        Parameters
+        ----------
+        state : ByteExpertState
+            The experts' state after a run.
+        """
+        return dict(super().stats(state), heals=int(np.asarray(state.beams.heals).sum()))
 
 
 @jax.jit(static_argnums=1)
@@ -353,7 +331,7 @@ def byte_logprob(experts: ByteExperts, data: bytes) -> ByteLogprob:
     final, cond = _read_bytes(experts, start, jnp.asarray(padded), jnp.asarray(n, jnp.int32))
     problem = experts.failure(final)
     if problem is not None:
-        raise RuntimeError(problem)
+        raise problem
     next_logp = np.asarray(final.beams.next_logp[0, 0], np.float64)
     prefix = float(final.beams.log_mass[0, 0] - start.beams.log_mass[0, 0])
     return ByteLogprob(

@@ -25,7 +25,15 @@ from smc_jax.experts.base import PAD_SYMBOL, ExpertGroup, eos_symbol
 
 
 class Scores(NamedTuple):
-    """Teacher-forced log-probabilities of N strings of at most T symbols under K experts."""
+    """Teacher-forced log-probabilities of N strings of at most T symbols under K experts.
+
+    Attributes
+    ----------
+    step_logprobs : jax.Array, shape [N, T + 1, K, A + 1], or None
+        log p_k(a | x_<t) at every step (None when not kept).
+    string_logprobs : jax.Array, shape [N, K]
+        log p_k(x), EOS included.
+    """
 
     step_logprobs: Float[Array, "N T1 K A1"] | None  # log p_k(a | x_<t), t = 0..T; None if not kept
     string_logprobs: Float[Array, "N K"]  # log p_k(x), EOS included
@@ -37,6 +45,15 @@ def pad_sequences(
     """Host side: integer strings -> (symbols [N, T] padded with PAD_SYMBOL, lengths [N]).
 
     T is the longest length (or `width`). Symbols must lie in 0..A-1 (EOS is implicit).
+
+    Parameters
+    ----------
+    sequences : sequence of sequences of int
+        N strings.
+    alphabet_size : int
+        A.
+    width : int, optional
+        T (at least the longest length).
     """
     seqs = [np.asarray(s, np.int64).reshape(-1) for s in sequences]
     lengths = np.array([s.size for s in seqs], np.int32)
@@ -56,7 +73,21 @@ def pad_sequences(
 def target_symbols(
     sequences: Int[Array, "N T"], lengths: Int[Array, "N"], alphabet_size: int
 ) -> Int[Array, "N T1"]:
-    """The symbol emitted at each step t = 0..T: x_t for t < |x|, EOS from t = |x| on."""
+    """The symbol emitted at each step t = 0..T: x_t for ``t < |x|``, EOS from ``t = |x|`` on.
+
+    Parameters
+    ----------
+    sequences : jax.Array, shape [N, T]
+        Padded strings.
+    lengths : jax.Array, shape [N]
+        Their lengths.
+    alphabet_size : int
+        A (EOS is A).
+
+    Returns
+    -------
+    jax.Array, shape [N, T + 1]
+    """
     n, width = sequences.shape
     padded = jnp.concatenate([sequences, jnp.zeros((n, 1), sequences.dtype)], axis=1)
     here = jnp.arange(width + 1)[None, :] < lengths[:, None]
@@ -91,5 +122,19 @@ def teacher_force(
 def sequence_logprobs(
     experts: ExpertGroup, sequences: Int[Array, "N T"], lengths: Int[Array, "N"]
 ) -> Float[Array, "N K"]:
-    """log p_k(x) of each padded string under each expert (EOS included), jitted."""
+    """log p_k(x) of each padded string under each expert (EOS included), jitted.
+
+    Parameters
+    ----------
+    experts : ExpertGroup
+        K experts.
+    sequences : jax.Array, shape [N, T]
+        Strings padded with PAD_SYMBOL.
+    lengths : jax.Array, shape [N]
+        Their lengths.
+
+    Returns
+    -------
+    jax.Array, shape [N, K]
+    """
     return teacher_force(experts, sequences, lengths, keep_steps=False).string_logprobs

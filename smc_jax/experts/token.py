@@ -9,25 +9,15 @@ shared), and resampling copies context ids only.
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 from flax import struct
 from jaxtyping import Array, Bool, Float, Int
 
-from smc_jax.models.contexts import (
-    PROMPT_CONTEXT,
-    ContextStore,
-    PagedModel,
-    bucket_sizes,
-    context_stats,
-    store_failure,
-    extend_group,
-    init_store,
-)
-
-PyTree = Any
+from smc_jax.experts.model_base import ModelExperts
+from smc_jax.models.contexts import PROMPT_CONTEXT, ContextStore, bucket_sizes, extend_group
 
 
 class TokenExpertState(NamedTuple):
@@ -47,21 +37,9 @@ def token_logprobs(
     return jnp.concatenate([logp, eos], axis=-1)
 
 
-@struct.dataclass
-class TokenExperts:
-    """K experts = one `PagedModel` under K prompts (prefix states stacked on axis 0)."""
-
-    model: PagedModel
-    prefixes: PyTree  # leaves [K, ...]
-    prompt_logits: Float[Array, "K V"]
-    eos_ids: tuple[int, ...] = struct.field(pytree_node=False)
-    max_tokens: int = struct.field(pytree_node=False)
-    temperature: float = struct.field(pytree_node=False, default=1.0)
-    num_entries: int | None = struct.field(pytree_node=False, default=None)  # None: the worst case
-
-    @property
-    def num_experts(self) -> int:
-        return int(self.prompt_logits.shape[0])
+@struct.dataclass(kw_only=True)
+class TokenExperts(ModelExperts):
+    """K experts = one `PagedModel` under K prompts (fields: see `ModelExperts`)."""
 
     @property
     def alphabet_size(self) -> int:
@@ -78,9 +56,7 @@ class TokenExperts:
         return (self.num_entries or worst), num_contexts
 
     def init(self, num_particles: int) -> TokenExpertState:
-        num_entries, num_contexts = self.capacity(num_particles)
-        summaries = self._summarize(self.prompt_logits)
-        stores = jax.vmap(lambda s: init_store(self.model, s, num_entries, num_contexts, self.max_tokens))(summaries)
+        stores = self.init_stores(num_particles)
         context = jnp.full((num_particles, self.num_experts), PROMPT_CONTEXT, jnp.int32)
         return TokenExpertState(context=context, stores=stores)
 
@@ -102,10 +78,3 @@ class TokenExperts:
 
     def reorder(self, state: TokenExpertState, ancestors: Int[Array, "M"]) -> TokenExpertState:
         return state._replace(context=jnp.take(state.context, ancestors, axis=0))
-
-    def stats(self, state) -> dict[str, int]:
-        """Host-side: model calls made, rows computed (padding included) and rows needed."""
-        return context_stats(state.stores)
-
-    def failure(self, state) -> str | None:
-        return store_failure(state.stores)

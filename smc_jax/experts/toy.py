@@ -42,6 +42,17 @@ class TableExpert:
 
     State: the trie node of each particle's prefix (a dead node once the prefix leaves the
     support; every next-symbol log-probability there is -inf).
+
+    Attributes
+    ----------
+    next_logprobs : jax.Array, shape [N + 1, A + 1]
+        log p(a | node) for every trie node of the table's prefixes (the last row: the dead node).
+    children : jax.Array, shape [N + 1, A]
+        The child node of each node and symbol (the dead node where the prefix leaves the support).
+    alphabet_size : int
+        A.
+    num_experts : int
+        1.
     """
 
     next_logprobs: Float[Array, "N1 A1"]  # per trie node (+ dead node), log p(a | prefix)
@@ -57,7 +68,17 @@ class TableExpert:
         alphabet: str | None = None,
     ) -> "TableExpert":
         """`table` maps strings (over `alphabet`) or integer sequences to probabilities that sum
-        to 1. Zero entries are allowed and mean the string is not in the support."""
+        to 1. Zero entries are allowed and mean the string is not in the support.
+
+        Parameters
+        ----------
+        table : mapping
+            Strings over `alphabet` (or integer sequences) -> probabilities summing to 1.
+        alphabet_size : int, optional
+            A; inferred from `alphabet` or the sequences when None.
+        alphabet : str, optional
+            The characters of the symbols 0..A-1 when the keys are strings.
+        """
         if alphabet is not None:
             alphabet_size = len(alphabet)
         if alphabet_size is None or alphabet_size < 1:
@@ -90,7 +111,7 @@ class TableExpert:
             if prefix:
                 parent, sym = nodes[prefix[:-1]], prefix[-1]
                 children[parent, sym] = i
-        for prefix, i in nodes.items():
+        for i in nodes.values():
             if mass[i] > 0:
                 for a in range(alphabet_size):
                     c = children[i, a]
@@ -127,6 +148,17 @@ class NGramExpert:
     """One expert with an n-gram table: log p(a | last n-1 symbols), BOS-padded, with EOS.
 
     Contexts are encoded in base (A + 1), the digit A standing for BOS, most recent last.
+
+    Attributes
+    ----------
+    table : jax.Array, shape [C, A + 1]
+        log p(a | context) for the C = (A + 1)^(order - 1) contexts.
+    alphabet_size : int
+        A.
+    order : int
+        n.
+    num_experts : int
+        1.
     """
 
     table: Float[Array, "C A1"]
@@ -136,7 +168,17 @@ class NGramExpert:
 
     @classmethod
     def from_table(cls, table: np.ndarray | Array, alphabet_size: int, order: int) -> "NGramExpert":
-        """`table[c, a]` = p(a | context c) (probabilities, rows summing to 1)."""
+        """`table[c, a]` = p(a | context c) (probabilities, rows summing to 1).
+
+        Parameters
+        ----------
+        table : array, shape [C, A + 1]
+            Probabilities p(a | context c), rows summing to 1.
+        alphabet_size : int
+            A.
+        order : int
+            n.
+        """
         table = np.asarray(table, np.float64)
         n_ctx = (alphabet_size + 1) ** (order - 1)
         if order < 1:
@@ -154,7 +196,21 @@ class NGramExpert:
         cls, key: PRNGKeyArray, alphabet_size: int, order: int = 2, eos_logit: float = 0.0, concentration: float = 1.0
     ) -> "NGramExpert":
         """A random n-gram table: rows ~ softmax(Gumbel-ish logits / concentration); the EOS
-        logit is shifted by `eos_logit` (larger means shorter strings)."""
+        logit is shifted by `eos_logit` (larger means shorter strings).
+
+        Parameters
+        ----------
+        key : jax.Array
+            PRNG key.
+        alphabet_size : int
+            A.
+        order : int
+            n (2: bigrams).
+        eos_logit : float
+            Added to the EOS logit of every row.
+        concentration : float
+            Temperature of the rows (smaller: peakier).
+        """
         n_ctx = (alphabet_size + 1) ** (order - 1)
         logits = jax.random.normal(key, (n_ctx, alphabet_size + 1)) / concentration
         logits = logits.at[:, alphabet_size].add(eos_logit)

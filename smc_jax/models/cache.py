@@ -23,6 +23,13 @@ class PrefixCache:
 
     k, v: [layers, T_pad, kv_heads, head_dim]; positions are 0..T_pad-1. Several prompts are the
     same pytree with a leading prompt axis (from `jax.vmap(prefill)`).
+
+    Attributes
+    ----------
+    k, v : jax.Array, shape [layers, T_pad, kv_heads, head_dim]
+        Keys and values of the prompt.
+    length : jax.Array, shape []
+        The prompt's length in tokens.
     """
 
     k: Float[Array, "layers tokens kv_heads head_dim"]
@@ -44,6 +51,13 @@ class KVCache:
 
     k, v: [layers, rows, capacity, kv_heads, head_dim]. Row r's entry s sits at absolute position
     prefix.length + s (the prompt cache holds positions below that).
+
+    Attributes
+    ----------
+    k, v : jax.Array, shape [layers, rows, capacity, kv_heads, head_dim]
+        Keys and values.
+    length : jax.Array, shape [rows]
+        Valid entries per row.
     """
 
     k: Float[Array, "layers rows capacity kv_heads head_dim"]

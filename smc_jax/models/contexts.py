@@ -293,10 +293,15 @@ def context_stats(stores: ContextStore) -> dict[str, int]:
     }
 
 
-def store_failure(stores: ContextStore) -> str | None:
-    """Host-side: the error message when a (stack of) store(s) ran out of room, else None."""
+class ContextStoreOverflowError(RuntimeError):
+    """A context store ran out of room: a run needs larger capacities (no result is wrong; the
+    sampler in `smc_jax.api` catches this type and reruns with grown capacities)."""
+
+
+def store_failure(stores: ContextStore) -> ContextStoreOverflowError | None:
+    """Host-side: the error to raise when a (stack of) store(s) ran out of room, else None."""
     if bool(np.any(np.asarray(stores.overflow))):
-        return (
+        return ContextStoreOverflowError(
             "the context store overflowed: a continuation needed more than max_tokens tokens, or more "
             "contexts or pool entries were alive than its capacity; raise max_length or the store's "
             "capacities (smc_jax.api grows them automatically)"

@@ -16,7 +16,7 @@ from smc_jax.models import transformer
 from smc_jax.models.cache import CacheCapacityError, KVCache, PrefixCache
 from smc_jax.models.config import ModelConfig
 from smc_jax.models.params import Params, cast, stack_layers, unstack_layers
-from smc_jax.models.tokenizer import Tokenizer
+from smc_jax.models.tokenizer import Tokenizer, check_prompt
 
 MIN_PROMPT_BUCKET = 16
 DEFAULT_PROMPT_CAPACITY = 4096
@@ -58,7 +58,23 @@ def prompt_bucket(length: int, capacity: int) -> int:
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class LanguageModel:
-    """A loaded model. `params` may be float32 or bfloat16; logits are always float32."""
+    """A loaded model. `params` may be float32 or bfloat16; logits are always float32.
+
+    Attributes
+    ----------
+    config : ModelConfig
+        The architecture.
+    params : pytree
+        The weights.
+    tokenizer : Tokenizer or None
+        Its tokenizer.
+    name : str
+        A display name.
+    source : str
+        Where it was loaded from.
+    prompt_capacity : int
+        The longest prompt, in tokens.
+    """
 
     config: ModelConfig
     params: Params
@@ -95,7 +111,9 @@ class LanguageModel:
 
     def encode_prompt(self, prompt: Prompt, add_special_tokens: bool = True) -> list[int]:
         """Raw text -> ids (tokenizer's default special tokens); chat messages -> ids of the chat
-        template rendering with a generation prompt."""
+        template rendering with a generation prompt. Raises `InvalidPromptError` for a prompt
+        that is not text (e.g. a lone surrogate)."""
+        check_prompt(prompt)
         if isinstance(prompt, str):
             return self._tok().encode(prompt, add_special_tokens=add_special_tokens)
         return self._tok().apply_chat_template(prompt, add_generation_prompt=True)

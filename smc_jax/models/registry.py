@@ -197,6 +197,22 @@ def load_model(
     `prompt_capacity` bounds prompt lengths (padded to power-of-two buckets); `unroll_layers`
     trades compile time for speed (see `LanguageModel.with_unrolled_layers`). GGUF conversions
     are cached on disk (see `weights_cache`; SMC_JAX_NO_CACHE=1 turns that off).
+
+    Parameters
+    ----------
+    name_or_path : str or pathlib.Path
+        A built-in name (`known_names()`), a Hugging Face directory (config.json + safetensors),
+        a .gguf file, or a hub id.
+    dtype : jax.numpy dtype
+        jnp.float32 or jnp.bfloat16.
+    prompt_capacity : int
+        The longest prompt, in tokens.
+    unroll_layers : bool
+        Per-layer weights and an unrolled loop instead of `lax.scan`.
+
+    Returns
+    -------
+    LanguageModel
     """
     kind, path = resolve(name_or_path)
     if kind == "gguf":

@@ -10,6 +10,40 @@ class NoChatTemplateError(ValueError):
     """The tokenizer has no chat template, so chat messages cannot be rendered."""
 
 
+class InvalidPromptError(ValueError):
+    """A prompt that is not text a tokenizer can read (not a str, not valid Unicode, or chat
+    messages that are not {"role": ..., "content": str} mappings)."""
+
+
+def check_prompt(prompt: Any, what: str = "prompt") -> None:
+    """Raises `InvalidPromptError` unless `prompt` is text (encodable as UTF-8, so no lone
+    surrogates such as "\\ud800") or a sequence of chat messages with text contents.
+
+    Checked before any model work: tokenizers fail on such input deep inside with a TypeError
+    that does not say which prompt or why."""
+    if isinstance(prompt, str):
+        try:
+            prompt.encode("utf-8")
+        except UnicodeEncodeError as err:
+            raise InvalidPromptError(
+                f"{what} is not valid text: {err.reason} at character {err.start} "
+                f"({prompt[err.start:err.end]!r}); pass a str of valid Unicode"
+            ) from None
+        return
+    if isinstance(prompt, (bytes, bytearray)):
+        raise InvalidPromptError(f"{what} is bytes; decode it to a str first")
+    try:
+        messages = list(prompt)
+    except TypeError:
+        raise InvalidPromptError(f"{what} must be a str or a list of chat messages, got {type(prompt).__name__}") from None
+    for i, message in enumerate(messages):
+        if not (isinstance(message, Mapping) and "content" in message and "role" in message):
+            raise InvalidPromptError(f"{what} message {i} must be a mapping with 'role' and 'content', got {message!r}")
+        if not isinstance(message["content"], str):
+            raise InvalidPromptError(f"{what} message {i} content must be a str, got {message['content']!r}")
+        check_prompt(message["content"], f"{what} message {i} content")
+
+
 class Tokenizer:
     """Encode/decode with the model's own tokenizer.
 
@@ -17,6 +51,15 @@ class Tokenizer:
     vocabularies); `eos_token_ids` are all ids that end a sequence (tokenizer eos, plus the
     generation config's and model config's eos ids when known). `hf` is the underlying HF
     tokenizer (the byte-level layer reads each token's bytes from it).
+
+    Parameters
+    ----------
+    hf : transformers tokenizer
+        The Hugging Face tokenizer.
+    vocab_size : int
+        The model's embedding rows.
+    extra_eos_token_ids : iterable of int
+        More ids that end a sequence.
     """
 
     def __init__(self, hf: Any, vocab_size: int, extra_eos_token_ids: Iterable[int] = ()) -> None:

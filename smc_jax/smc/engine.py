@@ -38,18 +38,27 @@ import dataclasses
 import math
 from collections.abc import Callable, Sequence
 from functools import partial
-from typing import Literal
+from typing import Literal, NamedTuple
 
+import chex
 import jax
 import jax.numpy as jnp
-from jaxtyping import Array, Float, PRNGKeyArray
+from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray
 
 from smc_jax.ensemble import Ensemble
-from smc_jax.experts.base import ExpertGroup, eos_symbol, expert_failure, expert_stats, stack_experts
+from smc_jax.experts.base import ExpertGroup, expert_failure, expert_stats, stack_experts
 from smc_jax.smc import progress as progress_hooks
 from smc_jax.smc.resampling import effective_sample_size, get_resampler, resample_within
 from smc_jax.smc.result import SMCResult, ZeroWeightError
 from smc_jax.smc.state import PAD_SYMBOL, SMCState, Trace, empty_trace
+
+class Proposal(NamedTuple):
+    """One step's proposal: the sampled symbols, log sum_a psi(a | x) and whether it is finite."""
+
+    symbols: Int[Array, "M"]
+    log_norm: Float[Array, "M"]
+    viable: Bool[Array, "M"]
+
 
 Method = Literal["smc", "local"]
 AtMaxLength = Literal["eos", "truncate"]
@@ -65,6 +74,25 @@ class SMC:
     ess_threshold: resample when ESS < ess_threshold * M (0 = importance sampling, 1 = always
     when weights differ). resampler: multinomial (paper default), systematic, stratified or
     residual. method: "smc" (global f-ensemble) or "local" (token-local baseline).
+
+    Parameters
+    ----------
+    num_particles : int
+        M.
+    max_length : int
+        L, in symbols.
+    ess_threshold : float
+        Resample when ESS < ess_threshold * M.
+    resampler : str
+        "multinomial", "systematic", "stratified" or "residual".
+    method : {"smc", "local"}
+        Shaped SMC, or the token-local baseline.
+    at_max_length : {"eos", "truncate"}
+        Force EOS at L with its weight factor, or stop there without it.
+    progress : bool
+        Show a progress bar of the steps.
+    resample_finished : bool
+        True: resample all particles (Alg. 1); False: only the active ones.
     """
 
     num_particles: int
@@ -91,13 +119,27 @@ class SMC:
 
     @property
     def num_steps(self) -> int:
-        """Upper bound on the number of steps: L symbols, plus the forced EOS step."""
+        """The upper bound on the number of steps (L symbols, plus the forced EOS step)."""
         return self.max_length + (1 if self.at_max_length == "eos" else 0)
 
     # ---------------------------------------------------------------- pure functions
 
     def init(self, key: PRNGKeyArray, experts: ExpertGroup, ensemble: Ensemble) -> SMCState:
-        """All particles at the empty string with weight psi(epsilon) = f(1, ..., 1)."""
+        """All particles at the empty string with weight psi(epsilon) = f(1, ..., 1).
+
+        Parameters
+        ----------
+        key : jax.Array
+            PRNG key.
+        experts : ExpertGroup
+            The K experts.
+        ensemble : Ensemble
+            The f-ensemble.
+
+        Returns
+        -------
+        SMCState
+        """
         m, k = self.num_particles, experts.num_experts
         if ensemble.num_experts != k:
             raise ValueError(f"the ensemble is for {ensemble.num_experts} experts, but {k} were given")
@@ -122,7 +164,21 @@ class SMC:
     def proposal_logits(
         self, state: SMCState, logp: Float[Array, "M K A1"], ensemble: Ensemble
     ) -> Float[Array, "M A1"]:
-        """log psi(a | x) for method "smc" (log f(p(a | x)) for "local"), -inf where inadmissible."""
+        """log psi(a | x) for method "smc" (log f(p(a | x)) for "local"), -inf where inadmissible.
+
+        Parameters
+        ----------
+        state : SMCState
+            The current state.
+        logp : jax.Array, shape [M, K, A + 1]
+            The experts' next-symbol log-probabilities.
+        ensemble : Ensemble
+            The f-ensemble.
+
+        Returns
+        -------
+        jax.Array, shape [M, A + 1]
+        """
         a = logp.shape[-1] - 1
         if self.method == "smc":
             log_next = jnp.swapaxes(state.log_prefix[:, :, None] + logp, 1, 2)  # [M, A+1, K]
@@ -138,21 +194,87 @@ class SMC:
         return jnp.where(at_limit & ~is_eos, -jnp.inf, logits)
 
     def step(self, state: SMCState, experts: ExpertGroup, ensemble: Ensemble) -> SMCState:
-        """Extends every active particle by one symbol, updates weights, maybe resamples."""
-        m = self.num_particles
-        eos = eos_symbol(experts.alphabet_size)
-        key, key_sample, key_resample = jax.random.split(state.key, 3)
-        active = ~state.done
+        """Extends every active particle by one symbol, updates weights, maybe resamples.
 
-        logp = experts.logprobs(state.expert_state).astype(jnp.float32)  # [M, K, A+1]
+        Parameters
+        ----------
+        state : SMCState
+            The current state.
+        experts : ExpertGroup
+            The K experts.
+        ensemble : Ensemble
+            The f-ensemble.
+
+        Notes
+        -----
+        The four parts, in order: `propose` (sample each particle's next symbol from q),
+        `reweight` (the incremental weights and the extended particles), `resample` (when the
+        ESS is low) and `record` (the trace row of this step).
+        """
+        key, key_sample, key_resample = jax.random.split(state.key, 3)
+        logp = experts.logprobs(state.expert_state)
+        # The expert-group contract at the engine's boundary (static shapes: no run-time cost).
+        chex.assert_shape(logp, (self.num_particles, experts.num_experts, experts.alphabet_size + 1))
+        chex.assert_type(logp, float)
+        logp = logp.astype(jnp.float32)  # [M, K, A+1]
+        proposal = self.propose(key_sample, state, logp, ensemble)
+        moved = self.reweight(state, experts, logp, proposal)
+        ess = effective_sample_size(moved.log_weights)
+        resampled, ancestors, moved, pre_resample_log_weights = self.resample(key_resample, moved, experts, ess)
+        if self.progress:
+            jax.debug.callback(progress_hooks._on_step, state.step, jnp.sum(~moved.done))
+        trace = self.record(state, ess=ess, resampled=resampled, ancestors=ancestors,
+                            log_weights=pre_resample_log_weights)
+        return moved._replace(key=key, step=state.step + 1, trace=trace)
+
+    def propose(self, key: PRNGKeyArray, state: SMCState, logp: Float[Array, "M K A1"], ensemble: Ensemble) -> Proposal:
+        """Samples each active particle's next symbol from q(a | x) ∝ psi(a | x) (EOS for the
+        finished ones and, with log-normalizer -inf, for the dead ones).
+
+        Parameters
+        ----------
+        key : PRNGKeyArray
+            The step's sampling key.
+        state : SMCState
+            The particles before the step.
+        logp : jax.Array, shape [M, K, A + 1]
+            log p_k(a | x_m) of every expert and symbol (EOS last).
+        ensemble : Ensemble
+            The f-ensemble giving the shaping psi.
+
+        Returns
+        -------
+        Proposal
+            The sampled symbols [M], log sum_a psi(a | x) [M] and whether it is finite [M].
+        """
+        eos = logp.shape[-1] - 1
         logits = self.proposal_logits(state, logp, ensemble)
         log_norm = jax.nn.logsumexp(logits, axis=-1)  # log sum_a psi(a | x)
         viable = jnp.isfinite(log_norm)
         is_eos = jnp.arange(eos + 1) == eos
         log_q = jnp.where(viable[:, None], logits - log_norm[:, None], jnp.where(is_eos, 0.0, -jnp.inf))
-        symbols = jax.random.categorical(key_sample, log_q, axis=-1).astype(jnp.int32)
-        symbols = jnp.where(active, symbols, eos)
+        symbols = jax.random.categorical(key, log_q, axis=-1).astype(jnp.int32)
+        symbols = jnp.where(~state.done, symbols, eos)
+        return Proposal(symbols=symbols, log_norm=log_norm, viable=viable)
 
+    def reweight(self, state: SMCState, experts: ExpertGroup, logp: Float[Array, "M K A1"], proposal: Proposal) -> SMCState:
+        """The particles after their proposed symbols: weights times sum_a psi(a | x), prefixes,
+        strings, lengths, finished flags and expert states (key, step and trace unchanged).
+
+        Parameters
+        ----------
+        state : SMCState
+            The particles before the step.
+        experts : ExpertGroup
+            The experts, advanced by the proposed symbols.
+        logp : jax.Array, shape [M, K, A + 1]
+            The experts' next-symbol log-probabilities of this step.
+        proposal : Proposal
+            What `propose` returned.
+        """
+        active = ~state.done
+        symbols, log_norm, viable = proposal
+        eos = logp.shape[-1] - 1
         # A particle whose every continuation has zero shaping is dead: zero weight, finished.
         dead = active & ~viable
         took_eos = active & viable & (symbols == eos)
@@ -166,72 +288,98 @@ class SMC:
         log_prefix = jnp.where((extend | took_eos)[:, None], state.log_prefix + sym_logp, state.log_prefix)
         # Elementwise (a scatter at [m, lengths[m]] would make a sharded run gather its indices).
         write = extend[:, None] & (jnp.arange(self.max_length)[None, :] == state.lengths[:, None])
-        new_symbols = jnp.where(write, symbols[:, None], state.symbols)
-        lengths = state.lengths + extend.astype(jnp.int32)
-        done = state.done | took_eos | dead
-        finished_eos = state.eos | took_eos
-        expert_state = experts.advance(state.expert_state, symbols, extend)
+        return state._replace(
+            symbols=jnp.where(write, symbols[:, None], state.symbols),
+            lengths=state.lengths + extend.astype(jnp.int32),
+            done=state.done | took_eos | dead,
+            eos=state.eos | took_eos,
+            log_weights=log_weights,
+            log_prefix=log_prefix,
+            expert_state=experts.advance(state.expert_state, symbols, extend),
+        )
 
-        ess = effective_sample_size(log_weights)
+    def resample(
+        self, key: PRNGKeyArray, state: SMCState, experts: ExpertGroup, ess: Float[Array, ""]
+    ) -> tuple[Array, Array, SMCState, Array]:
+        """Resamples the pool (all particles, or only the active ones) when its ESS is low.
+
+        Returns (resampled flag, ancestors, the state after resampling, the log weights before
+        it); without resampling (importance sampling, the local baseline) the state is unchanged
+        and the ancestors are the identity.
+
+        Parameters
+        ----------
+        key : PRNGKeyArray
+            The resampling key.
+        state : SMCState
+            The particles after `reweight`.
+        experts : ExpertGroup
+            The experts (their states are reordered along with the particles).
+        ess : jax.Array, shape []
+            The effective sample size after the weight update.
+        """
+        m = self.num_particles
         ancestors = jnp.arange(m, dtype=jnp.int32)
-        resampled = jnp.zeros((), bool)
-        if self.method == "smc" and self.ess_threshold > 0:
-            # The resampled pool: every particle (Alg. 1), or only those still extending.
-            if self.resample_finished:
-                pool, pool_count, pool_ess, log_pool_size = jnp.ones((m,), bool), m, ess, math.log(m)
-            else:
-                pool = ~done
-                pool_count = jnp.sum(pool)  # >= 1 whenever a particle is active (else no resampling)
-                pool_ess = effective_sample_size(jnp.where(pool, log_weights, -jnp.inf))
-                log_pool_size = jnp.log(jnp.maximum(pool_count, 1).astype(jnp.float32))
-            pool_log_weights = jnp.where(pool, log_weights, -jnp.inf)
-            total = jax.nn.logsumexp(pool_log_weights)
-            resampled = (pool_ess < self.ess_threshold * pool_count) & jnp.any(~done) & jnp.isfinite(total)
-            weights = jnp.exp(pool_log_weights - jnp.where(jnp.isfinite(total), total, 0.0))
-            resampler = get_resampler(self.resampler)
-            if self.resample_finished:
-                drawn = resampler(key_resample, weights, m)
-            else:
-                drawn = resample_within(resampler, key_resample, weights, pool)
-            ancestors = jnp.where(resampled, drawn, ancestors)
-
-            @jax.named_scope("resample")  # names the ancestor gathers (and their collectives) in HLO
-            def gather(carry):
-                sym_, len_, done_, eos_, pre_, exp_ = carry
-                take = lambda x: jnp.take(x, ancestors, axis=0)
-                return (take(sym_), take(len_), take(done_), take(eos_), take(pre_), experts.reorder(exp_, ancestors))
-
-            carry = (new_symbols, lengths, done, finished_eos, log_prefix, expert_state)
-            new_symbols, lengths, done, finished_eos, log_prefix, expert_state = jax.lax.cond(
-                resampled, gather, lambda c: c, carry
-            )
-            mean_log_weight = total - log_pool_size
-            pre_resample_log_weights = log_weights
-            log_weights = jnp.where(resampled & pool, mean_log_weight, log_weights)
+        log_weights, done = state.log_weights, state.done
+        if not (self.method == "smc" and self.ess_threshold > 0):
+            return jnp.zeros((), bool), ancestors, state, log_weights
+        # The resampled pool: every particle (Alg. 1), or only those still extending.
+        if self.resample_finished:
+            pool, pool_count, pool_ess, log_pool_size = jnp.ones((m,), bool), m, ess, math.log(m)
         else:
-            pre_resample_log_weights = log_weights
+            pool = ~done
+            pool_count = jnp.sum(pool)  # >= 1 whenever a particle is active (else no resampling)
+            pool_ess = effective_sample_size(jnp.where(pool, log_weights, -jnp.inf))
+            log_pool_size = jnp.log(jnp.maximum(pool_count, 1).astype(jnp.float32))
+        pool_log_weights = jnp.where(pool, log_weights, -jnp.inf)
+        total = jax.nn.logsumexp(pool_log_weights)
+        resampled = (pool_ess < self.ess_threshold * pool_count) & jnp.any(~done) & jnp.isfinite(total)
+        weights = jnp.exp(pool_log_weights - jnp.where(jnp.isfinite(total), total, 0.0))
+        resampler = get_resampler(self.resampler)
+        if self.resample_finished:
+            drawn = resampler(key, weights, m)
+        else:
+            drawn = resample_within(resampler, key, weights, pool)
+        ancestors = jnp.where(resampled, drawn, ancestors)
 
+        @jax.named_scope("resample")  # names the ancestor gathers (and their collectives) in HLO
+        def gather(carry):
+            sym_, len_, done_, eos_, pre_, exp_ = carry
+            take = lambda x: jnp.take(x, ancestors, axis=0)
+            return (take(sym_), take(len_), take(done_), take(eos_), take(pre_), experts.reorder(exp_, ancestors))
+
+        carry = (state.symbols, state.lengths, done, state.eos, state.log_prefix, state.expert_state)
+        symbols, lengths, done, eos, log_prefix, expert_state = jax.lax.cond(resampled, gather, lambda c: c, carry)
+        mean_log_weight = total - log_pool_size
+        new_log_weights = jnp.where(resampled & pool, mean_log_weight, log_weights)
+        state = state._replace(symbols=symbols, lengths=lengths, done=done, eos=eos, log_prefix=log_prefix,
+                               expert_state=expert_state, log_weights=new_log_weights)
+        return resampled, ancestors, state, log_weights
+
+    def record(self, state: SMCState, *, ess, resampled, ancestors, log_weights) -> Trace:
+        """The trace with this step's row (ESS after the weight update, the resampling flag,
+        ancestors, log weights before resampling, particles active at the step's start).
+
+        Parameters
+        ----------
+        state : SMCState
+            The particles at the step's start (their trace gets the row).
+        ess : jax.Array, shape []
+            The ESS after the weight update.
+        resampled : jax.Array, shape []
+            Whether the step resampled.
+        ancestors : jax.Array, shape [M]
+            Each particle's ancestor (the identity without resampling).
+        log_weights : jax.Array, shape [M]
+            The log weights before resampling.
+        """
         t = state.step
-        if self.progress:
-            jax.debug.callback(progress_hooks._on_step, t, jnp.sum(~done))
-        trace = Trace(
+        return Trace(
             ess=state.trace.ess.at[t].set(ess),
             resampled=state.trace.resampled.at[t].set(resampled),
             ancestors=state.trace.ancestors.at[t].set(ancestors),
-            log_weights=state.trace.log_weights.at[t].set(pre_resample_log_weights),
-            num_active=state.trace.num_active.at[t].set(jnp.sum(active).astype(jnp.int32)),
-        )
-        return SMCState(
-            key=key,
-            step=t + 1,
-            symbols=new_symbols,
-            lengths=lengths,
-            done=done,
-            eos=finished_eos,
-            log_weights=log_weights,
-            log_prefix=log_prefix,
-            expert_state=expert_state,
-            trace=trace,
+            log_weights=state.trace.log_weights.at[t].set(log_weights),
+            num_active=state.trace.num_active.at[t].set(jnp.sum(~state.done).astype(jnp.int32)),
         )
 
     def run(
@@ -244,7 +392,24 @@ class SMC:
         """Steps until every particle is finished (or the length limit), in a lax.while_loop.
 
         `constrain`, when given, is applied to the state after init and after every step (the
-        sharded run pins each array's sharding with it; see `smc_jax.sharding`)."""
+        sharded run pins each array's sharding with it; see `smc_jax.sharding`).
+
+        Parameters
+        ----------
+        key : jax.Array
+            PRNG key.
+        experts : ExpertGroup
+            The K experts.
+        ensemble : Ensemble
+            The f-ensemble.
+        constrain : callable, optional
+            SMCState -> SMCState, applied after init and every step.
+
+        Returns
+        -------
+        SMCState
+            The final state (device arrays).
+        """
         constrain = constrain or (lambda s: s)
         state = constrain(self.init(key, experts, ensemble))
 
@@ -271,6 +436,25 @@ class SMC:
 
         Raises `ZeroWeightError` when every particle ends at zero weight (the experts share no
         string the ensemble gives mass to), unless `allow_zero_weight`.
+
+        Parameters
+        ----------
+        key : jax.Array
+            PRNG key.
+        experts : ExpertGroup or sequence of ExpertGroup
+            The K experts.
+        ensemble : Ensemble
+            The f-ensemble (`make_ensemble`).
+        decode : callable, optional
+            Maps a particle's symbols [n] to its text (`SMCResult.texts`).
+        jit : bool
+            Run the compiled loop (False: step by step, for debugging).
+        allow_zero_weight : bool
+            Return the result even when every particle ends at zero weight.
+
+        Returns
+        -------
+        SMCResult
         """
         experts = stack_experts(experts)
         if ensemble.num_experts != experts.num_experts:
@@ -288,10 +472,22 @@ class SMC:
         decode: Callable | None = None,
         allow_zero_weight: bool = False,
     ) -> SMCResult:
-        """Host-side results of a finished run's state (see `__call__` for the errors raised)."""
+        """Host-side results of a finished run's state (see `__call__` for the errors raised).
+
+        Parameters
+        ----------
+        state : SMCState
+            A finished run's state.
+        experts : ExpertGroup
+            The experts it ran with (for their counters and failure checks).
+        decode : callable, optional
+            Maps a particle's symbols to its text.
+        allow_zero_weight : bool
+            Return the result even when every particle ends at zero weight.
+        """
         problem = expert_failure(experts, state.expert_state)
         if problem is not None:
-            raise RuntimeError(problem)
+            raise problem
         stats = {"steps": int(state.step), **expert_stats(experts, state.expert_state)}
         result = SMCResult.from_state(state, method=self.method, decode=decode, stats=stats)
         if not allow_zero_weight and result.log_Z is not None and result.log_Z == -math.inf:
@@ -314,12 +510,32 @@ run_jitted.__doc__ = "`SMC.run` jitted once per sampler configuration and expert
 
 
 def importance_sampling(num_particles: int, max_length: int, **kwargs) -> SMC:
-    """Sequential importance sampling: the same sampler, never resampling."""
+    """Sequential importance sampling: the same sampler, never resampling.
+
+    Parameters
+    ----------
+    num_particles : int
+        M.
+    max_length : int
+        L.
+    **kwargs
+        Other `SMC` arguments.
+    """
     return SMC(num_particles=num_particles, max_length=max_length, ess_threshold=0.0, **kwargs)
 
 
 def local_ensemble(num_particles: int, max_length: int, **kwargs) -> SMC:
-    """The token-local baseline: sample f of the next-symbol conditionals, ignore weights."""
+    """The token-local baseline: sample f of the next-symbol conditionals, ignore weights.
+
+    Parameters
+    ----------
+    num_particles : int
+        M.
+    max_length : int
+        L.
+    **kwargs
+        Other `SMC` arguments.
+    """
     return SMC(num_particles=num_particles, max_length=max_length, method="local", **kwargs)
 
 

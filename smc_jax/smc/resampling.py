@@ -79,6 +79,13 @@ RESAMPLERS: dict[str, Resampler] = {
 
 
 def get_resampler(name: str) -> Resampler:
+    """The resampler called `name` (one of `RESAMPLERS`): ``(key, weights [M], n) -> indices [n]``.
+
+    Parameters
+    ----------
+    name : str
+        "multinomial", "systematic", "stratified" or "residual".
+    """
     try:
         return RESAMPLERS[name]
     except KeyError:
@@ -86,7 +93,12 @@ def get_resampler(name: str) -> Resampler:
 
 
 def effective_sample_size(log_weights: Float[Array, "M"]) -> Float[Array, ""]:
-    """ESS = (sum w)^2 / sum w^2 from log weights; 0 when every weight is 0."""
+    """ESS = (sum w)^2 / sum w^2 from log weights; 0 when every weight is 0.
+
+    Parameters
+    ----------
+    log_weights : jax.Array, shape [M]
+    """
     top = jnp.max(log_weights)
     w = jnp.exp(log_weights - jnp.where(jnp.isfinite(top), top, 0.0))  # max-shifted, in [0, 1]
     total = jnp.sum(w)

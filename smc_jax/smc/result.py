@@ -39,6 +39,29 @@ class SMCResult:
     for finished particles (prefix log-probability log P_k(x_m) otherwise). Traces have one row
     per step taken: ESS after the weight update, resampling flags, ancestors, log weights.
     `log_Z` is None for the token-local baseline, whose weights are not importance weights.
+
+    Attributes
+    ----------
+    symbols : numpy.ndarray, shape [M, L]
+        Integer symbols, PAD_SYMBOL past each length.
+    lengths : numpy.ndarray, shape [M]
+    finished : numpy.ndarray, shape [M], bool
+    log_weights : numpy.ndarray, shape [M]
+        Unnormalized log weights.
+    expert_logprobs : numpy.ndarray, shape [M, K]
+        log p_k(x_m) (of the prefix for unfinished particles).
+    log_Z : float or None
+        log Z-hat (None for the token-local baseline).
+    ess, resampled, num_active : numpy.ndarray, shape [T]
+        Per-step ESS, resampling flags and active particles.
+    ancestors, log_weight_trace : numpy.ndarray, shape [T, M]
+        Per-step ancestors and log weights.
+    method : str
+        "smc" or "local".
+    decode : callable, optional
+        Symbols -> text (`texts`).
+    stats : dict
+        Steps, model calls, rows, seconds.
     """
 
     symbols: np.ndarray
@@ -60,6 +83,19 @@ class SMCResult:
     def from_state(
         cls, state, method: str, decode: Callable | None = None, stats: dict[str, Any] | None = None
     ) -> "SMCResult":
+        """Host-side results of a final `SMCState`.
+
+        Parameters
+        ----------
+        state : SMCState
+            The final state.
+        method : str
+            "smc" or "local" (the local baseline has no log Z-hat).
+        decode : callable, optional
+            Symbols -> text.
+        stats : dict, optional
+            Run counters to keep.
+        """
         host = jax.device_get(state)
         steps = int(host.step)
         lw = np.asarray(host.log_weights, np.float64)
@@ -121,7 +157,13 @@ class SMCResult:
         return sorted(mass.items(), key=lambda kv: -kv[1])
 
     def expected_accuracy(self, is_correct: Callable[[Any], bool]) -> float:
-        """sum_m w_bar_m 1{x_m correct}; unfinished particles count as incorrect."""
+        """sum_m w_bar_m 1{x_m correct}; unfinished particles count as incorrect.
+
+        Parameters
+        ----------
+        is_correct : callable
+            Maps a particle's text (or symbols when there is no `decode`) to a bool.
+        """
         return float(
             sum(w for text, w, fin in zip(self.texts, self.weights, self.finished) if fin and is_correct(text))
         )

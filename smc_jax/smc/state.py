@@ -7,11 +7,17 @@ from typing import Any, NamedTuple
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray
 
-from smc_jax.experts.base import PAD_SYMBOL
+from smc_jax.experts.base import PAD_SYMBOL  # noqa: F401 (re-exported for the engine)
 
 
 class Trace(NamedTuple):
-    """Per-step diagnostics, indexed by SMC step (rows past the last step stay at their fill)."""
+    """Per-step diagnostics, indexed by SMC step (rows past the last step stay at their fill).
+
+    Attributes
+    ----------
+    ess, resampled, num_active : jax.Array, shape [T]
+    ancestors, log_weights : jax.Array, shape [T, M]
+    """
 
     ess: Float[Array, "T"]  # effective sample size after the step's weight update
     resampled: Bool[Array, "T"]  # whether the step resampled
@@ -21,7 +27,23 @@ class Trace(NamedTuple):
 
 
 class SMCState(NamedTuple):
-    """The sampler's state between steps. Every particle-major array has M rows."""
+    """The sampler's state between steps. Every particle-major array has M rows.
+
+    Attributes
+    ----------
+    key : jax.Array
+        PRNG key.
+    step : jax.Array, shape []
+    symbols : jax.Array, shape [M, L]
+    lengths, done, eos : jax.Array, shape [M]
+        Lengths, finished flags, and whether the particle ended with EOS.
+    log_weights : jax.Array, shape [M]
+    log_prefix : jax.Array, shape [M, K]
+        log P_k(x_m) of each particle's prefix.
+    expert_state : pytree
+        The expert group's state.
+    trace : Trace
+    """
 
     key: PRNGKeyArray
     step: Int[Array, ""]

@@ -1,10 +1,12 @@
-"""Evaluation tasks of the paper (Sec. 6, App. E): JSON schema, word sorting, text-to-SQL.
+"""Evaluation tasks of the paper (Sec. 6, App. E): JSON schema, word sorting, text-to-SQL::
 
     task = get_task("word_sorting")
-    for instance in task.instances(limit=100, seed=0):        # data from $SMC_JAX_DATA or ../shared/data
+    for instance in task.instances(limit=100, seed=0):        # bundled data, or $SMC_JAX_DATA when set
         prompt_1, prompt_2 = task.prompts(instance)           # chat messages
         ...                                                   # sample texts from an ensemble
         task.is_correct(instance, text)                       # the metric, on the raw text
+
+Each task module's docstring states its metric and normalization.
 """
 
 from smc_jax.tasks.base import Chat, Demonstration, Message, Task, sample

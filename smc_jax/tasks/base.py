@@ -25,7 +25,13 @@ ItemT = TypeVar("ItemT")
 
 @dataclass(frozen=True)
 class Demonstration:
-    """One solved example shown to the model before the target (a few-shot turn pair)."""
+    """One solved example shown to the model before the target (a few-shot turn pair).
+
+    Attributes
+    ----------
+    input, output : str
+        The example's input and its answer.
+    """
 
     input: str
     output: str
@@ -59,7 +65,17 @@ class Task(Protocol[InstanceT]):
 
 def sample(pool: Sequence[ItemT], limit: int | None, seed: int) -> list[ItemT]:
     """`pool` in its own order when `limit` is None, else `limit` distinct items of it drawn by
-    `random.Random(seed).sample`: the same pool, limit and seed always give the same list."""
+    `random.Random(seed).sample`: the same pool, limit and seed always give the same list.
+
+    Parameters
+    ----------
+    pool : sequence
+        The items.
+    limit : int or None
+        How many.
+    seed : int
+        The draw's seed.
+    """
     if limit is None:
         return list(pool)
     if not 0 < limit <= len(pool):

@@ -59,7 +59,15 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class JsonSchemaInstance:
     """One schema to satisfy; `id` is its file name without `.json`. The schema dict is shared
-    with the per-process cache of `load_schemas`: read it, do not change it."""
+    with the per-process cache of `load_schemas`: read it, do not change it.
+
+    Attributes
+    ----------
+    id : str
+        The schema's file name without ".json".
+    schema : dict
+        The JSON schema.
+    """
 
     id: str
     schema: dict[str, Any]
@@ -117,7 +125,13 @@ def conforms(text: str, schema: dict[str, Any]) -> bool:
 
 @dataclass(frozen=True)
 class JsonSchemaTask:
-    """The JSON task: prompts of App. E (one demonstration, then `json.dumps(schema)`)."""
+    """The JSON task: prompts of App. E (one demonstration, then `json.dumps(schema)`).
+
+    Attributes
+    ----------
+    name : str
+        "json".
+    """
 
     name: str = "json"
 

@@ -13,7 +13,13 @@ TASKS: dict[str, type] = {"json": JsonSchemaTask, "word_sorting": WordSortingTas
 
 
 def get_task(name: str) -> Task[Any]:
-    """The task called `name` (one of `TASKS`), with its default settings."""
+    """The task called `name` (one of `TASKS`), with its default settings.
+
+    Parameters
+    ----------
+    name : str
+        "json", "word_sorting" or "sql".
+    """
     if name not in TASKS:
         raise ValueError(f"unknown task {name!r}; known tasks: {', '.join(sorted(TASKS))}")
     return TASKS[name]()

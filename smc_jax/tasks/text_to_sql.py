@@ -43,7 +43,17 @@ USER_PROMPT_1 = "Here is a database schema:\n\n{schema} " + QUESTION_PROMPT
 
 @dataclass(frozen=True)
 class SqlInstance:
-    """A question, its gold query, the database file and the gold result rows."""
+    """A question, its gold query, the database file and the gold result rows.
+
+    Attributes
+    ----------
+    id, question, gold_sql : str
+        The instance's id, question and gold query.
+    database : pathlib.Path
+        The SQLite file.
+    gold_rows : tuple
+        The gold query's result rows.
+    """
 
     id: str
     question: str
@@ -66,7 +76,15 @@ def schema_strings(database: Path) -> tuple[str, str]:
 
 @dataclass(frozen=True)
 class TextToSqlTask:
-    """The text-to-SQL task; its database is created in `database_dir` (default: the cache)."""
+    """The text-to-SQL task; its database is created in `database_dir` (default: the cache).
+
+    Attributes
+    ----------
+    name : str
+        "sql".
+    database_dir : pathlib.Path, optional
+        Where the database is built (default: the cache).
+    """
 
     name: str = "sql"
     database_dir: Path | None = None

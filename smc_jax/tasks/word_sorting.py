@@ -48,7 +48,15 @@ USER_PROMPT_2 = "{words} ->"
 @dataclass(frozen=True)
 class WordSortingInstance:
     """One list to sort: BIG-bench's `input` (space-separated words) and `target` (them sorted);
-    `id` is "example-<index in task.json>"; `demonstration` is prompt 2's solved example."""
+    `id` is "example-<index in task.json>"; `demonstration` is prompt 2's solved example.
+
+    Attributes
+    ----------
+    id, input, target : str
+        The id, the words and the sorted words.
+    demonstration : Demonstration
+        Prompt 2's solved example.
+    """
 
     id: str
     input: str
@@ -74,7 +82,13 @@ def load_examples(task_file: Path) -> list[WordSortingInstance]:
 
 @dataclass(frozen=True)
 class WordSortingTask:
-    """The word sorting task: prompt 1 zero-shot, prompt 2 with one demonstration (App. E)."""
+    """The word sorting task: prompt 1 zero-shot, prompt 2 with one demonstration (App. E).
+
+    Attributes
+    ----------
+    name : str
+        "word_sorting".
+    """
 
     name: str = "word_sorting"
 

@@ -27,7 +27,7 @@ class ExactByteLM:
     def __init__(self, lm: NGramTokenLM, vocab, prompt, temperature=1.0):
         self.lm, self.vocab, self.prompt, self.t = lm, vocab, tuple(prompt), temperature
 
-    @functools.lru_cache(maxsize=None)
+    @functools.lru_cache(maxsize=None)  # noqa: B019 (one reference LM per test; freed with it)
     def logp(self, ctx: tuple) -> np.ndarray:
         logits = np.asarray(self.lm.logits_of(self.prompt, list(ctx)), np.float64) / self.t
         return logits - np.logaddexp.reduce(logits)

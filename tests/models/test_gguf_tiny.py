@@ -26,3 +26,35 @@ def test_gguf_matches_the_original_model(arch, tmp_path):
     got = forward(to_device(flat, jnp.float32), config, jnp.asarray(tokens), jnp.asarray(positions),
                   jnp.ones(tokens.shape, bool))
     np.testing.assert_allclose(np.asarray(got), tc.torch_logits(reference, tokens), atol=ATOL, rtol=0)
+
+
+def _tiny_gguf(path) -> tuple[int, int]:
+    """A two-tensor GGUF written by the gguf package; returns (file size, end of the first tensor)."""
+    import gguf
+
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_block_count(1)
+    writer.add_tensor("token_embd.weight", np.ones((8, 4), np.float32))
+    writer.add_tensor("output_norm.weight", np.ones((4,), np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    reader = gguf.GGUFReader(path)
+    first = reader.tensors[0]
+    return path.stat().st_size, first.data_offset + first.n_bytes
+
+
+@pytest.mark.parametrize("cut", ["tensor", "header"])
+def test_truncated_gguf_names_what_is_missing(tmp_path, cut):
+    from smc_jax.models.gguf_loader import CorruptFileError
+
+    path = tmp_path / "tiny.gguf"
+    _, first_end = _tiny_gguf(path)
+    data = path.read_bytes()
+    keep = first_end - 4 if cut == "tensor" else 40
+    path.write_bytes(data[:keep])
+    with pytest.raises(CorruptFileError, match="file truncated/corrupt: expected") as err:
+        load_gguf_checkpoint(path)
+    if cut == "tensor":
+        assert "expected 128 bytes for tensor token_embd.weight" in str(err.value)

@@ -1,5 +1,5 @@
-"""The evaluation data folder (skips the tests that need it when it is absent) and a fresh
-business database per test session."""
+"""The evaluation data folder (the copy bundled with the package: always present, so no test is
+skipped for want of data) and a fresh business database per test session."""
 
 from __future__ import annotations
 
@@ -8,15 +8,14 @@ from pathlib import Path
 import pytest
 
 from smc_jax.tasks.business_database import database_path
-from smc_jax.tasks.data_dir import DataNotFoundError, resolve_data_dir
+from smc_jax.tasks.data_dir import BUNDLED_DATA_DIR
 
 
 @pytest.fixture(scope="session")
 def data_dir() -> Path:
-    try:
-        return resolve_data_dir()
-    except DataNotFoundError as error:
-        pytest.skip(f"evaluation data not available: {error}")
+    # The bundled copy, not $SMC_JAX_DATA: the tests check the data that ships. A missing file
+    # fails the test that reads it with DataNotFoundError (which says how to restore it).
+    return BUNDLED_DATA_DIR
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,200 @@
+"""The GenLM side of `benchmarks.compare_genlm`: GenLM's models (genlm-backend's AsyncTransformer
+over transformers' float32 load of the same GGUF file), their forward-pass logs, and GenLM's
+byte-level reading and SMC runs, timed the way the smc_jax side is.
+
+Everything GenLM is imported inside the functions, so the smc_jax side runs (and this module
+imports) without the `genlm` extra; `settings` is `compare_genlm.Settings` (beam_width,
+prune_threshold, runs, particles, ess_threshold, max_tokens).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from smc_jax.api import Expert
+from smc_jax.models.lm import LanguageModel
+from smc_jax.models.registry import resolve
+
+GENLM_MISSING = (
+    "GenLM is not installed: pip install -e '.[genlm]' (genlm-control, genlm-bytes, genlm-backend), "
+    "or pass --skip-genlm to run only the smc_jax side"
+)
+
+
+class ForwardLog:
+    """The batched forward passes of one AsyncTransformer's torch model: rows, tokens, seconds."""
+
+    def __init__(self, llm: Any) -> None:
+        self.calls: list[tuple[int, int, float]] = []
+        forward = llm.model.forward
+
+        def logged(input_ids, *args, **kwargs):
+            start = time.perf_counter()
+            out = forward(input_ids, *args, **kwargs)
+            self.calls.append((int(input_ids.shape[0]), int(input_ids.shape[1]), time.perf_counter() - start))
+            return out
+
+        llm.model.forward = logged
+
+
+class GenLM:
+    """GenLM's models (AsyncTransformer over transformers' float32 load of the same GGUF file,
+    with smc_jax's tokenizer of that file), loaded on first use, and their forward logs."""
+
+    def __init__(self, torch_threads: int | None) -> None:
+        import torch
+
+        if torch_threads:
+            torch.set_num_threads(torch_threads)
+        self.torch = torch
+        self.llms: dict[str, Any] = {}
+        self.logs: dict[str, ForwardLog] = {}
+
+    def llm(self, model: LanguageModel) -> Any:
+        if model.name not in self.llms:
+            from genlm.backend.llm import AsyncTransformer
+            from transformers import AutoModelForCausalLM
+
+            path = resolve(model.name)[1]
+            hf = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=self.torch.float32)
+            self.llms[model.name] = AsyncTransformer(hf.eval(), model.tokenizer.hf)
+            self.logs[model.name] = ForwardLog(self.llms[model.name])
+        return self.llms[model.name]
+
+    def beam_params(self, model: LanguageModel, settings: Any) -> Any:
+        from genlm.bytes import BeamParams
+
+        vocab = self.llm(model).byte_vocab
+        eos = [vocab[i].byte_string for i in model.tokenizer.eos_token_ids]
+        return BeamParams(K=settings.beam_width, prune_threshold=settings.prune_threshold, eos_byte_strings=eos)
+
+    def reset(self, seed: int | None = None) -> None:
+        """Empty the model-output caches and forward logs; seed GenLM's random draws."""
+        for name, llm in self.llms.items():
+            llm.clear_cache()
+            self.logs[name].calls.clear()
+        if seed is not None:
+            np.random.seed(seed)
+            self.torch.manual_seed(seed)
+
+    def forward_calls(self) -> list[tuple[int, int, float]]:
+        return [call for log in self.logs.values() for call in log.calls]
+
+
+def genlm_text(genlm: GenLM, model: LanguageModel, settings: Any, text: bytes, prompt: str) -> dict[str, Any]:
+    """(a) GenLM: distributions along `text` after `prompt` ([len + 1, 258]: bytes, EOT, EOS),
+    time and calls."""
+    from genlm.bytes import AsyncTokenByteTrie, ByteBeamState, LazyTrieState
+    from genlm.bytes.trie import TrieMode
+
+    llm = genlm.llm(model)
+    params = genlm.beam_params(model, settings)
+    trie = AsyncTokenByteTrie.from_vocab(llm.byte_vocab, eos_byte_strings=params.eos_byte_strings)
+
+    async def read() -> np.ndarray:
+        state = await LazyTrieState.initial(llm, trie, mode=TrieMode.WITH_EOS).materialize()
+        beam = await ByteBeamState([state], params).prefill(prompt.encode())
+        rows = []
+        for byte in text:
+            rows.append(np.asarray((await beam.logp_next()).ps))
+            beam = await (beam.prune() << byte)
+        rows.append(np.asarray((await beam.logp_next()).ps))
+        return np.stack(rows)
+
+    async def runs() -> dict[str, Any]:
+        times, calls = [], []
+        for run in range(settings.runs + 1):  # the first is the warm-up
+            genlm.reset()
+            start = time.perf_counter()
+            logps = await read()
+            if run:
+                times.append(time.perf_counter() - start)
+                calls.append(genlm.forward_calls())
+        await trie.cleanup()
+        return {"logprobs": logps, **summarize_genlm(times, calls)}
+
+    return asyncio.run(runs())
+
+
+def genlm_smc(genlm: GenLM, potentials: Callable[[], list[Any]], settings: Any, warmup_seed: int) -> dict[str, Any]:
+    """(b) GenLM: direct_token_sampler(Product(p1, p2)).smc(...) with seeds 0, 1, ... after a
+    warm-up run with `warmup_seed`; the prompt is read once first (timed apart)."""
+    from genlm.control import direct_token_sampler
+    from genlm.control.potential import Product
+
+    async def runs() -> dict[str, Any]:
+        p1, p2 = potentials()
+        product = Product(p1, p2)
+        sampler = direct_token_sampler(product)
+        genlm.reset()
+        start = time.perf_counter()
+        await product.logw_next([])  # reads the prompts (ByteLLM keeps the beam after its prompt)
+        prompt_s, prompt_calls = time.perf_counter() - start, len(genlm.forward_calls())
+        times, calls, steps, zero_weight = [], [], [], 0
+        for seed in [warmup_seed, *range(settings.runs)]:
+            genlm.reset(seed)
+            for p in (p1, p2):
+                await p.cleanup()  # ByteLLM: empties its beam cache, keeps the prompt's beam
+            start = time.perf_counter()
+            sequences = await sampler.smc(n_particles=settings.particles, ess_threshold=settings.ess_threshold,
+                                          max_tokens=settings.max_tokens, resampling_method="multinomial")
+            if seed != warmup_seed:
+                times.append(time.perf_counter() - start)
+                calls.append(genlm.forward_calls())
+                steps.append(max(len(context) for context in sequences.contexts))
+                zero_weight += sequences.log_ml == -math.inf
+        for p in (p1, p2):
+            await p.cleanup()
+        return {"prompt_s": prompt_s, "prompt_calls": prompt_calls, "steps": statistics.median(steps),
+                "zero_weight_runs": zero_weight, **summarize_genlm(times, calls)}
+
+    return asyncio.run(runs())
+
+
+def summarize_genlm(times: list[float], calls: list[list[tuple[int, int, float]]]) -> dict[str, Any]:
+    """Medians over runs of wall time, forward calls and forward seconds; means per call."""
+    flat = [c for run in calls for c in run]
+    return {
+        "seconds": statistics.median(times), "times": times,
+        "calls": statistics.median(len(run) for run in calls),
+        "calls_per_run": [len(run) for run in calls],
+        "forward_s": statistics.median(sum(c[2] for c in run) for run in calls),
+        "rows_per_call": float(np.mean([c[0] for c in flat])) if flat else 0.0,
+        "tokens_per_row": float(np.mean([c[1] for c in flat])) if flat else 0.0,
+        "seconds_per_call": float(np.mean([c[2] for c in flat])) if flat else 0.0,
+    }
+
+
+def byte_potentials(genlm: GenLM, experts: Sequence[Expert], settings: Any) -> Callable[[], list[Any]]:
+    from genlm.control import ByteLLM
+
+    def make() -> list[Any]:
+        out = []
+        for e in experts:
+            p = ByteLLM(genlm.llm(e.model), genlm.beam_params(e.model, settings))
+            p.set_prompt_from_str(e.prompt)
+            out.append(p)
+        return out
+
+    return make
+
+
+def token_potentials(genlm: GenLM, experts: Sequence[Expert]) -> Callable[[], list[Any]]:
+    from genlm.control import PromptedLLM
+
+    def make() -> list[Any]:
+        out = []
+        for e in experts:
+            vocab = genlm.llm(e.model).byte_vocab
+            eos = [vocab[i].byte_string for i in e.model.tokenizer.eos_token_ids]
+            out.append(PromptedLLM(genlm.llm(e.model), prompt_ids=e.prompt_ids(), eos_byte_strings=eos))
+        return out
+
+    return make

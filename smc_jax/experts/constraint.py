@@ -1,0 +1,345 @@
+"""Constraint experts: a regular language as a 0/1 potential over strings, as arrays.
+
+A constraint with language L is the potential C(x) = 1{x in L} on complete strings and, for the
+sampler's shaping, the prefix potential C^(x) = 1{there is y with xy in L} ("x is viable").
+Both are read off a deterministic automaton (DFA):
+
+* `Automaton` (host side, numpy): transitions [S, 256] over bytes, accepting flags [S], a start
+  state and one absorbing dead state (the last one). Every other state is viable (an accepting
+  state is reachable from it): states from which none is are folded into the dead state when
+  the automaton is built, so viability is simply `state != dead`.
+* `ConstraintExpert` (device side, a pytree): the same automaton read over an expert alphabet,
+  either bytes (alphabet 256, EOS = 256, stackable with `ByteExperts`) or a tokenizer's tokens
+  (alphabet V, EOS = V, stackable with `TokenExperts`), whose transition table [S, V] maps state
+  s and token v to the state after reading v's bytes (dead if any byte leaves the language).
+
+Its "next-symbol log-probabilities" are the potential's ratios
+
+    log C^(xa) / C^(x) = 0 if a keeps x viable else -inf,     log C(x) / C^(x) for EOS,
+
+which are *not* normalized: the expert is a potential, not a language model (see the contract
+in `smc_jax.experts.base`). A sampling step is one gather per particle; no host call.
+
+Memory: a token-level table holds S * V int32 entries (SmolLM2: V = 49152, so 200 KB per state);
+`token_transitions` refuses past `max_entries` with the numbers, pointing to the byte level,
+whose table is [S, 256] whatever the tokenizer.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import NamedTuple
+
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+from jaxtyping import Array, Bool, Float, Int
+
+from smc_jax.experts.base import take_particles
+
+#: Number of byte values, the alphabet of a byte-level automaton.
+NUM_BYTES = 256
+
+#: Default bound on the entries of a token-level transition table (S * V int32 = 512 MB).
+MAX_TOKEN_TABLE_ENTRIES = 2**27
+
+
+class AutomatonTooLargeError(ValueError):
+    """An automaton (or its token table) is past the configured size limit."""
+
+
+def coreachable(successors: np.ndarray, targets: np.ndarray) -> np.ndarray:
+    """States from which some state of `targets` is reachable (targets included).
+
+    Args:
+        successors: [S, A] int, the state after each symbol.
+        targets: [S] bool.
+
+    Returns:
+        [S] bool, by a backward breadth-first search on the [S, S] adjacency matrix: one
+        scatter of the S * A edges, then O(S^2) work in all (S is bounded by the compiler).
+    """
+    s = successors.shape[0]
+    adjacency = np.zeros((s, s), bool)
+    adjacency[np.repeat(np.arange(s), successors.shape[1]), successors.reshape(-1)] = True
+    reach = np.asarray(targets, bool).copy()
+    frontier = reach.copy()
+    while frontier.any():
+        frontier = adjacency[:, frontier].any(axis=1) & ~reach
+        reach |= frontier
+    return reach
+
+
+#: Distance of states from which no accepting state is reachable (the dead state).
+UNREACHABLE = 2**30
+
+
+def distance_to_accept(successors: np.ndarray, accepting: np.ndarray) -> np.ndarray:
+    """The fewest symbols that lead from each state to an accepting one (UNREACHABLE if none).
+
+    Args:
+        successors: [S, A] int, the state after each symbol.
+        accepting: [S] bool.
+
+    Returns:
+        [S] int32, by a backward breadth-first search on the [S, S] adjacency matrix.
+    """
+    s = successors.shape[0]
+    adjacency = np.zeros((s, s), bool)
+    adjacency[np.repeat(np.arange(s), successors.shape[1]), successors.reshape(-1)] = True
+    dist = np.full(s, UNREACHABLE, np.int64)
+    frontier = np.asarray(accepting, bool).copy()
+    dist[frontier] = 0
+    d = 0
+    while frontier.any():
+        d += 1
+        frontier = adjacency[:, frontier].any(axis=1) & (dist == UNREACHABLE)
+        dist[frontier] = d
+    return dist.astype(np.int32)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Automaton:
+    """A byte-level DFA whose only non-viable state is the absorbing dead state (the last).
+
+    Attributes:
+        transitions: [S, 256] int32, the state after each byte.
+        accepting: [S] bool, states where the string read so far is in the language.
+        start: the state of the empty string.
+        source: what it was compiled from (a regex), for messages.
+    """
+
+    transitions: np.ndarray
+    accepting: np.ndarray
+    start: int
+    source: str = ""
+
+    def __repr__(self) -> str:
+        return f"Automaton(source={self.source[:60]!r}, states={self.num_states})"
+
+    @property
+    def num_states(self) -> int:
+        """States including the dead state."""
+        return int(self.transitions.shape[0])
+
+    @property
+    def dead(self) -> int:
+        return self.num_states - 1
+
+    @classmethod
+    def from_transitions(
+        cls, transitions: np.ndarray, accepting: np.ndarray, start: int, source: str = ""
+    ) -> "Automaton":
+        """Normalizes any complete byte DFA: folds the states that cannot reach an accepting one
+        into a new absorbing dead state (the last) and drops states unreachable from the start.
+
+        Raises:
+            ValueError: when the language is empty (the start state is not viable).
+        """
+        transitions = np.asarray(transitions, np.int64)
+        accepting = np.asarray(accepting, bool)
+        viable = coreachable(transitions, accepting)
+        if not viable[start]:
+            raise ValueError(f"the constraint {source!r} matches no string (its language is empty)")
+        # States reachable from the start through viable states only.
+        reached = np.zeros(len(accepting), bool)
+        reached[start] = True
+        frontier = [start]
+        while frontier:
+            nxt = np.unique(transitions[frontier].reshape(-1))
+            nxt = nxt[viable[nxt] & ~reached[nxt]]
+            reached[nxt] = True
+            frontier = nxt.tolist()
+        keep = np.flatnonzero(reached)
+        keep = np.concatenate([[start], keep[keep != start]])  # the start state becomes 0
+        new_id = np.full(len(accepting), len(keep), np.int64)  # everything else: the dead state
+        new_id[keep] = np.arange(len(keep))
+        table = np.empty((len(keep) + 1, NUM_BYTES), np.int32)
+        table[:-1] = new_id[transitions[keep]]
+        table[-1] = len(keep)
+        acc = np.concatenate([accepting[keep], [False]])
+        return cls(transitions=table, accepting=acc, start=0, source=source)
+
+    # ------------------------------------------------------------------ host-side reference
+
+    def walk(self, data: bytes, state: int | None = None) -> int:
+        """The state after reading `data` (host side)."""
+        s = self.start if state is None else state
+        for b in data:
+            s = int(self.transitions[s, b])
+        return s
+
+    def matches(self, data: bytes | str) -> bool:
+        """Whether the complete string is in the language."""
+        data = data.encode("utf-8") if isinstance(data, str) else data
+        return bool(self.accepting[self.walk(data)])
+
+    def viable(self, data: bytes | str) -> bool:
+        """Whether the prefix can still be completed to a string of the language."""
+        data = data.encode("utf-8") if isinstance(data, str) else data
+        return self.walk(data) != self.dead
+
+    # ------------------------------------------------------------------ experts
+
+    def byte_expert(self, horizon: int | None = None) -> "ConstraintExpert":
+        """The constraint over bytes (alphabet 256, EOS = 256), stackable with byte experts.
+        `horizon`: see `ConstraintExpert`."""
+        return ConstraintExpert.build(self.transitions, self.accepting, NUM_BYTES, horizon)
+
+    def token_expert(
+        self, byte_strings: Sequence[bytes | None], horizon: int | None = None,
+        max_entries: int = MAX_TOKEN_TABLE_ENTRIES,
+    ) -> "ConstraintExpert":
+        """The constraint over a vocabulary whose token v spells `byte_strings[v]` (None: a control
+        token, never allowed), EOS = len(byte_strings). See `token_transitions`."""
+        table, accepting = token_transitions(self, byte_strings, max_entries)
+        return ConstraintExpert.build(table, accepting, len(byte_strings), horizon)
+
+    def symbol_expert(self, alphabet: str, horizon: int | None = None) -> "ConstraintExpert":
+        """The constraint over a toy alphabet: symbol i is the UTF-8 text `alphabet[i]`."""
+        return self.token_expert([c.encode("utf-8") for c in alphabet], horizon)
+
+
+def token_transitions(
+    automaton: Automaton, byte_strings: Sequence[bytes | None], max_entries: int = MAX_TOKEN_TABLE_ENTRIES
+) -> tuple[np.ndarray, np.ndarray]:
+    """The automaton read through tokens: table[s, v] = the state after v's bytes from s.
+
+    table[s, v] is the dead state when a byte of v leads there (the token leaves the language)
+    or v has no bytes (None). Tokens are sorted by length and processed a byte position at a
+    time, so the cost is S * (total bytes of the vocabulary) gathers, with no Python loop over
+    tokens. A state from which no *token* path reaches an accepting state (possible when some
+    bytes are no token's spelling) is folded into the dead state too, so that the token-level
+    prefix potential is exactly "completable with these tokens".
+
+    Args:
+        automaton: a normalized byte automaton.
+        byte_strings: the V tokens' byte strings.
+        max_entries: refuse when S * V exceeds this.
+
+    Returns:
+        (table [S, V] int32, accepting [S] bool), with the same dead state as the automaton.
+
+    Raises:
+        AutomatonTooLargeError: S * V > max_entries.
+    """
+    s, v = automaton.num_states, len(byte_strings)
+    if s * v > max_entries:
+        raise AutomatonTooLargeError(
+            f"the token-level table of {automaton.source!r} would hold {s} states x {v} tokens = "
+            f"{s * v:,} entries, more than max_entries={max_entries:,}; use the byte level "
+            "(level='byte'), whose table is [states, 256], or a smaller pattern/schema"
+        )
+    dead = automaton.dead
+    lengths = np.array([-1 if b is None else len(b) for b in byte_strings], np.int64)
+    order = np.argsort(-lengths, kind="stable")
+    longest = max(int(lengths.max(initial=0)), 0)
+    padded = np.zeros((v, max(longest, 1)), np.int64)
+    for i, token in enumerate(order):
+        b = byte_strings[token]
+        if b:
+            padded[i, : len(b)] = np.frombuffer(b, np.uint8)
+    sorted_lengths = lengths[order]
+    cur = np.broadcast_to(np.arange(s, dtype=np.int64)[:, None], (s, v)).copy()
+    trans = automaton.transitions.astype(np.int64)
+    for j in range(longest):
+        n = int(np.sum(sorted_lengths > j))  # tokens longer than j come first
+        cur[:, :n] = trans[cur[:, :n], padded[None, :n, j]]
+    cur[:, sorted_lengths < 0] = dead
+    table = np.empty((s, v), np.int32)
+    table[:, order] = cur
+    table[dead] = dead
+    viable = coreachable(table, automaton.accepting)
+    viable[dead] = False
+    if not viable[automaton.start]:
+        raise ValueError(f"no sequence of these tokens spells a string matching {automaton.source!r}")
+    table = np.where(viable[table], table, dead).astype(np.int32)
+    return table, automaton.accepting.copy()
+
+
+class ConstraintState(NamedTuple):
+    state: Int[Array, "M"]  # automaton state
+    length: Int[Array, "M"]  # symbols read (for the horizon)
+
+
+@struct.dataclass
+class ConstraintExpert:
+    """A 0/1 potential from an automaton over an expert alphabet (bytes or tokens).
+
+    State: each particle's automaton state and length. `logprobs` gives 0 for the symbols that
+    keep the string viable and -inf for the others, 0 for EOS in accepting states and -inf
+    elsewhere: log C^(xa) - log C^(x) and log C(x) - log C^(x). Not normalized (a potential).
+
+    With a `horizon` L (the sampler's max_length under a forced EOS), viability is
+    length-aware: C^_L(x) = 1{some y with len(xy) <= L has xy in L}, i.e. a symbol is allowed only
+    when the fewest symbols from its state to acceptance (`distance`) fit in what remains. The
+    target, f(p(x)) C(x) on strings of length <= L, is unchanged; particles are no longer
+    steered into structures they cannot close before the limit (where they would die).
+
+    Parameters
+    ----------
+    transitions : jax.Array, shape [S, A]
+        The next automaton state of every state and symbol (the dead state absorbs).
+    accepting : jax.Array, shape [S]
+        Whether a state accepts (EOS allowed).
+    distance : jax.Array, shape [S]
+        The fewest symbols from a state to an accepting one (large for the dead state).
+    alphabet_size : int
+        A: 256 bytes, or a model's vocabulary size.
+    horizon : int, optional
+        L for length-aware viability (None: no length limit).
+    num_experts : int
+        Always 1: one constraint per expert group.
+    """
+
+    transitions: Int[Array, "S A"]
+    accepting: Bool[Array, "S"]
+    distance: Int[Array, "S"]
+    alphabet_size: int = struct.field(pytree_node=False)
+    horizon: int | None = struct.field(pytree_node=False, default=None)
+    num_experts: int = struct.field(pytree_node=False, default=1)
+
+    #: Marks a potential whose rows are not distributions (see `smc_jax.experts.base`).
+    is_potential = True
+
+    @classmethod
+    def build(cls, transitions: np.ndarray, accepting: np.ndarray, alphabet_size: int, horizon: int | None = None):
+        if horizon is not None and horizon < 0:
+            raise ValueError(f"horizon must be >= 0 or None, got {horizon}")
+        distance = distance_to_accept(transitions, accepting)
+        return cls(
+            transitions=jnp.asarray(transitions, jnp.int32), accepting=jnp.asarray(accepting),
+            distance=jnp.asarray(distance), alphabet_size=alphabet_size, horizon=horizon,
+        )
+
+    @property
+    def num_states(self) -> int:
+        return int(self.transitions.shape[0])
+
+    @property
+    def dead(self) -> int:
+        return self.num_states - 1
+
+    def init(self, num_particles: int) -> ConstraintState:
+        zeros = jnp.zeros((num_particles,), jnp.int32)
+        return ConstraintState(state=zeros, length=zeros)  # state 0 is the start (Automaton)
+
+    def logprobs(self, state: ConstraintState) -> Float[Array, "M 1 A1"]:
+        nxt = self.transitions[state.state]  # [M, A]
+        ok = nxt != self.dead
+        if self.horizon is not None:
+            ok &= self.distance[nxt] <= (self.horizon - state.length - 1)[:, None]
+        sym = jnp.where(ok, 0.0, -jnp.inf)
+        eos = jnp.where(self.accepting[state.state], 0.0, -jnp.inf)
+        return jnp.concatenate([sym, eos[:, None]], axis=-1).astype(jnp.float32)[:, None, :]
+
+    def advance(self, state: ConstraintState, symbols: Int[Array, "M"], active: Bool[Array, "M"]) -> ConstraintState:
+        sym = jnp.clip(symbols, 0, self.alphabet_size - 1)
+        return ConstraintState(
+            state=jnp.where(active, self.transitions[state.state, sym], state.state),
+            length=state.length + active.astype(jnp.int32),
+        )
+
+    def reorder(self, state: ConstraintState, ancestors: Int[Array, "M"]) -> ConstraintState:
+        return take_particles(state, ancestors)
