@@ -475,13 +475,16 @@ def logprob(
     prune_threshold: float = DEFAULTS.prune_threshold,
     temperature: float = DEFAULTS.temperature,
     prompt_as_bytes: bool = DEFAULTS.prompt_as_bytes,
+    heal: bool = DEFAULTS.heal,
 ) -> ByteLogprob:
     """log P(continuation | prompt) under `model` read as a byte-level LM (natural log).
 
     `.prefix` is exact (the sum over all tokenizations) when the beam never prunes
     (prune_threshold=0 and a beam wider than the tokenizations alive), a lower bound otherwise;
-    `.complete` adds the end of string. For many strings under one prompt, build an
-    `EnsembleSampler` once and call its `logprob` (compiled once). Defaults: `SamplerSettings`.
+    `.complete` adds the end of string; `.healed` counts the bytes token healing rescued
+    (`heal`, see `smc_jax.bytes.healing`). Compiled programs are cached per model and reused
+    across prompts and continuations of similar lengths; for many pairs, `logprob_batch` scores
+    several per program run (`smc_jax.scorer`). Defaults: `SamplerSettings`.
 
     Parameters
     ----------
@@ -500,17 +503,20 @@ def logprob(
     prompt_as_bytes : bool
         Read a raw-text prompt through the byte beam from BOS (GenLM's convention).
 
+    heal : bool
+        Token healing when a byte empties the beam (`smc_jax.bytes.healing`).
+
     Returns
     -------
     ByteLogprob
-        `.prefix`, `.complete` (floats), `.conditionals` [n bytes] and `.next_logprobs` [257]
-        (index 256: EOS).
+        `.prefix`, `.complete` (floats), `.conditionals` [n bytes], `.next_logprobs` [257]
+        (index 256: EOS) and `.healed` (bytes healed).
     """
-    data = continuation.encode() if isinstance(continuation, str) else bytes(continuation)
-    sampler = EnsembleSampler(experts=(Expert(model, prompt),), level="byte", num_particles=1,
-                              max_length=max(len(data), 1), temperature=temperature, beam_width=beam_width,
-                              prune_threshold=prune_threshold, prompt_as_bytes=prompt_as_bytes)
-    return sampler.logprob(data)
+    from smc_jax.scorer import scorer_for  # the scorer builds on this module
+
+    scorer = scorer_for(model, beam_width=beam_width, prune_threshold=prune_threshold, temperature=temperature,
+                        prompt_as_bytes=prompt_as_bytes, heal=heal)
+    return scorer(continuation, prompt)
 
 
 def sample(
@@ -529,6 +535,7 @@ def sample(
     prune_threshold: float = DEFAULTS.prune_threshold,
     at_max_length: str = DEFAULTS.at_max_length,
     prompt_as_bytes: bool = DEFAULTS.prompt_as_bytes,
+    heal: bool = DEFAULTS.heal,
     resample_finished: bool = DEFAULTS.resample_finished,
     allow_zero_weight: bool = False,
     mesh: Mesh | None = None,
@@ -580,6 +587,8 @@ def sample(
         Force EOS at L (target: Phi on strings of at most L symbols) or stop without it.
     prompt_as_bytes : bool
         Read raw-text prompts through the byte beam from BOS.
+    heal : bool
+        Byte level: token healing when a byte empties a beam (`smc_jax.bytes.healing`).
     resample_finished : bool
         False: resample only the particles still extending.
     allow_zero_weight : bool
@@ -610,6 +619,7 @@ def sample(
         prune_threshold=prune_threshold,
         at_max_length=at_max_length,
         prompt_as_bytes=prompt_as_bytes,
+        heal=heal,
         resample_finished=resample_finished,
         mesh=mesh,
         sharding_rules=sharding_rules,

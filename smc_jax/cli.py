@@ -79,6 +79,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--temperature", type=float, default=DEFAULTS.temperature, help="temperature of every expert")
     s.add_argument("--beam-width", type=int, default=DEFAULTS.beam_width, help="byte level: beam width B")
     s.add_argument("--prune-threshold", type=float, default=DEFAULTS.prune_threshold, help="byte level: relative prune threshold")
+    s.add_argument("--no-heal", action="store_true",
+                   help="byte level: no token healing (a byte that no kept tokenization can read gets probability 0)")
     s.add_argument("--regex", metavar="PATTERN",
                    help="constrain every sampled string to match this regular expression in full "
                    "(a separate factor: Phi ∝ f(p_1..p_K) * 1{x matches}); checked before models load")
@@ -126,7 +128,7 @@ def settings_of(args: argparse.Namespace) -> SamplerSettings:
         ess_threshold=args.ess_threshold, resampler=args.resampler,
         resample_finished=not args.resample_active_only, at_max_length=args.at_max_length,
         temperature=args.temperature, beam_width=args.beam_width, prune_threshold=args.prune_threshold,
-        progress=not args.json,
+        heal=not args.no_heal, progress=not args.json,
     )
 
 

@@ -14,6 +14,8 @@ The defaults, and why:
   get the unbiased target by default (the CLI used "truncate" before).
 * ``beam_width=5``, ``prune_threshold=0.05``: the paper's byte-level experiments (and GenLM's
   defaults in our comparisons).
+* ``heal=True``: token healing, as in genlm-bytes: a byte that no kept hypothesis can read gets
+  the probability of a re-tokenized path instead of 0 (it changes nothing otherwise).
 * ``ess_threshold=0.9``, ``resampler="multinomial"``, ``resample_finished=True``: the paper's
   Alg. 1.
 """
@@ -22,6 +24,8 @@ from __future__ import annotations
 
 import dataclasses
 from typing import Any, Literal
+
+import numpy as np
 
 from smc_jax.bytes.beam import BeamConfig
 from smc_jax.smc.engine import SMC
@@ -61,6 +65,10 @@ class SamplerSettings:
         Byte level: the beam width B of each expert's tokenization beam.
     prune_threshold : float
         Byte level: hypotheses below this fraction of the beam's mass are pruned, in [0, 1).
+    heal : bool
+        Byte level: token healing (`smc_jax.bytes.healing`) when a byte empties a beam: back off
+        into a hypothesis' current token and re-read it with another tokenization (genlm-bytes'
+        adaptive healing; it changes nothing while some hypothesis can read the byte).
     prompt_as_bytes : bool
         Byte level: read raw-text prompts through the byte beam from BOS (GenLM's convention)
         instead of tokenizing them canonically.
@@ -78,6 +86,7 @@ class SamplerSettings:
     temperature: float = 1.0
     beam_width: int = DEFAULT_BEAM_WIDTH
     prune_threshold: float = DEFAULT_PRUNE_THRESHOLD
+    heal: bool = True
     prompt_as_bytes: bool = False
     progress: bool = False
 
@@ -92,6 +101,10 @@ class SamplerSettings:
                 f"beam_width must be >= 1 and prune_threshold in [0, 1), got {self.beam_width!r} and "
                 f"{self.prune_threshold!r}"
             )
+        if not isinstance(self.heal, (bool, np.bool_)):
+            raise ValueError(f"heal must be True or False, got {self.heal!r}")
+        if not self.heal and self.level != "byte":
+            raise ValueError("heal=False turns off the byte beams' token healing: it needs level='byte'")
         if self.prompt_as_bytes and self.level != "byte":
             raise ValueError("prompt_as_bytes reads prompts through the byte beam: it needs level='byte'")
         self.smc()  # M, L, ESS threshold, resampler and at_max_length are checked by the engine
@@ -118,7 +131,7 @@ class SamplerSettings:
 
     def beam(self) -> BeamConfig:
         """The byte level's beam configuration."""
-        return BeamConfig(width=self.beam_width, threshold=self.prune_threshold)
+        return BeamConfig(width=self.beam_width, threshold=self.prune_threshold, heal=self.heal)
 
 
 def names() -> list[str]:

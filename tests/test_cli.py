@@ -67,6 +67,7 @@ def no_model_loads(monkeypatch):
     (["--temperature", "0"], "temperature"),
     (["--beam-width", "0"], "beam_width"),
     (["--prune-threshold", "1"], "prune_threshold"),
+    (["--level", "token", "--no-heal"], "heal"),
     (["--weights", "0.5", "0.2"], "simplex"),
     (["--weights", "1"], "one weight per expert"),
     (["--top", "0"], "--top"),
@@ -84,3 +85,11 @@ def test_cli_defaults_are_the_library_defaults():
 
     args = build_parser().parse_args(["sample"])
     assert settings_of(args).replace(progress=False) == DEFAULTS
+
+
+def test_no_heal_turns_healing_off():
+    from smc_jax.cli import build_parser, settings_of
+
+    assert settings_of(build_parser().parse_args(["sample"])).heal
+    settings = settings_of(build_parser().parse_args(["sample", "--no-heal"]))
+    assert not settings.heal and not settings.beam().heal

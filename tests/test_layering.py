@@ -33,6 +33,7 @@ PLACEMENT = {  # first path component under smc_jax/ (module name without .py) -
     "api": "top",
     "cli": "top",
     "settings": "top",
+    "scorer": "top",  # batched byte-level scoring, built on api
     "plots": "top",
     "learn": "top",
     "sharding": "top",

@@ -32,6 +32,8 @@ def test_sample_defaults_are_the_settings_defaults():
     ({"temperature": 0.0}, "temperature"),
     ({"beam_width": 0}, "beam_width"),
     ({"prompt_as_bytes": True, "level": "token"}, "prompt_as_bytes"),
+    ({"heal": False, "level": "token"}, "heal"),
+    ({"heal": "no"}, "heal"),
 ])
 def test_bad_settings_are_rejected_on_construction(changes, message):
     with pytest.raises(ValueError, match=message):

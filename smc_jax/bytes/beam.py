@@ -36,6 +36,10 @@ keeps (`shift_requests`, usually nothing). Symmetrically, a call made by the shi
 extensions the distribution after it may need among those whose parents exist already
 (`lookahead_requests`), so a byte step rarely calls twice. Shapes: M particles, C = B (1 + D)
 slots, D = the trie's max duplicates, H = C + C D candidates of a shift.
+
+A byte that none of the kept hypotheses can read empties the beam: token healing
+(`smc_jax.bytes.healing`, `BeamConfig.heal`, on by default) then backs off into a hypothesis'
+current token and re-reads its bytes with another tokenization.
 """
 
 from __future__ import annotations
@@ -92,6 +96,11 @@ class BeamState(NamedTuple):
     ext_context: Int[Array, "M C D"]  # materialized extension contexts, NO_CONTEXT elsewhere
     next_logp: Float[Array, "M B1"]  # normalized next-byte log-probabilities (B1 = 257)
     log_mass: Float[Array, "M"]  # log of the beam's total weight (prefix probability estimate)
+    # Token healing (`smc_jax.bytes.healing`): bytes healed so far, whether the last byte read
+    # was healed, and then the log-probability it got (0 elsewhere).
+    heals: Int[Array, "M"]
+    healed: Bool[Array, "M"]
+    healed_logp: Float[Array, "M"]
 
 
 @struct.dataclass
@@ -99,10 +108,16 @@ class BeamConfig:
     """Beam width B and relative prune threshold (0 = never prune by mass).
 
     B, not K: K is the number of experts everywhere else in the package.
+
+    `heal`: adaptive token healing (`smc_jax.bytes.healing`) when a byte empties the beam, backing
+    off at most `heal_max_backoff` bytes into a hypothesis' current token (on by default, like
+    genlm-bytes; it never triggers, and changes nothing, while some hypothesis can read the byte).
     """
 
     width: int = struct.field(pytree_node=False)
     threshold: float = struct.field(pytree_node=False, default=0.0)
+    heal: bool = struct.field(pytree_node=False, default=True)
+    heal_max_backoff: int = struct.field(pytree_node=False, default=16)
 
     @property
     def log_threshold(self) -> float:
@@ -127,6 +142,9 @@ def initial_beam(num_particles: int, num_slots: int, duplicates: int, prompt_con
         ext_context=jnp.full((m, num_slots, duplicates), NO_CONTEXT, jnp.int32),
         next_logp=jnp.full((m, NUM_BYTE_SYMBOLS), -jnp.inf, jnp.float32),
         log_mass=jnp.zeros((m,), jnp.float32),
+        heals=jnp.zeros((m,), jnp.int32),
+        healed=jnp.zeros((m,), bool),
+        healed_logp=jnp.zeros((m,), jnp.float32),
     )
 
 
@@ -164,10 +182,23 @@ def prune_mask(weight: Float[Array, "M C"], config: BeamConfig) -> Bool[Array, "
     return above & (rank < config.width)
 
 
-def _next_byte_threshold_mask(beam: BeamState, ext: Extensions, config: BeamConfig) -> Bool[Array, "M C D"]:
-    """Extensions included in the next-byte distribution (relative to beam + all extensions)."""
+def _next_byte_threshold_mask(
+    trie: TokenTrie, beam: BeamState, ext: Extensions, config: BeamConfig
+) -> Bool[Array, "M C D"]:
+    """Extensions included in the next-byte distribution (relative to beam + all extensions).
+
+    With healing on, a beam whose every hypothesis sits at a node without children (inside no
+    longer token) includes all its extensions: the threshold could otherwise drop them all (an
+    extension's mass also counts in its slot's weight, so it is at most half of the total) and
+    leave an empty distribution. Nothing changes for any other beam."""
     total = jnp.logaddexp(_lse(beam.weight, axis=-1), _lse(ext.weight.reshape(ext.weight.shape[0], -1), axis=-1))
-    return (ext.weight - total[:, None, None] > config.log_threshold) & jnp.isfinite(ext.weight)
+    mask = (ext.weight - total[:, None, None] > config.log_threshold) & jnp.isfinite(ext.weight)
+    if config.heal:
+        node = jnp.clip(beam.node, 0, trie.num_nodes - 1)
+        open_slot = (beam.context != NO_CONTEXT) & ((beam.node == ROOT) | (trie.node_num_children[node] > 0))
+        stuck = ~jnp.any(open_slot, axis=-1)
+        mask = mask | (stuck[:, None, None] & jnp.isfinite(ext.weight))
+    return mask
 
 
 def _shift_prefilter_mask(beam: BeamState, ext: Extensions, config: BeamConfig) -> Bool[Array, "M C D"]:
@@ -196,7 +227,7 @@ def extension_requests(trie: TokenTrie, table: ByteSummary, beam: BeamState, con
     return ExtensionRequests(
         parent=parent,
         token=ext.token,
-        next_byte=_next_byte_threshold_mask(beam, ext, config) & missing,
+        next_byte=_next_byte_threshold_mask(trie, beam, ext, config) & missing,
         shift=_shift_prefilter_mask(beam, ext, config) & missing,
     )
 
@@ -290,7 +321,7 @@ def next_byte_logprobs(
     )  # [M, C, 257]
 
     ext = extensions(trie, table, beam)
-    include = _next_byte_threshold_mask(beam, ext, config) & (beam.ext_context != NO_CONTEXT)
+    include = _next_byte_threshold_mask(trie, beam, ext, config) & (beam.ext_context != NO_CONTEXT)
     ext_rows = _row(beam.ext_context, num_contexts)
     ext_w = jnp.where(include, ext.weight, -jnp.inf)
     per_ext = ext_w[..., None] + jnp.concatenate([table.root_children[ext_rows], table.eos[ext_rows][..., None]], axis=-1)
@@ -341,4 +372,7 @@ def shift(
         ext_context=jnp.where(alive[..., None], take(ahead_context), NO_CONTEXT),
         next_logp=beam.next_logp,
         log_mass=_lse(weight, axis=-1),
+        heals=beam.heals,
+        healed=jnp.zeros_like(beam.healed),
+        healed_logp=jnp.zeros_like(beam.healed_logp),
     )

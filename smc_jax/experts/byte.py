@@ -36,6 +36,7 @@ from smc_jax.bytes.beam import (
     shift_requests,
     summarize_logits,
 )
+from smc_jax.bytes.healing import HealPlan, healed_beam, plan_heal, token_logprob, zero_byte_logprob
 from smc_jax.bytes.trie import TokenTrie
 from smc_jax.bytes.vocab import NUM_BYTES
 from smc_jax.experts.model_base import ModelExperts
@@ -189,6 +190,7 @@ class ByteExperts(ModelExperts):
             return jax.vmap(fn, in_axes=(0, 1) + (1,) * len(args), out_axes=1)(state.stores.summary, state.beams, *args)
 
         plan = per_expert(lambda table, beam, b: plan_shift(self.trie, table, beam, b, self.beam), state, byte)
+        plan_beams = state.beams
         parent, token, wanted = jax.vmap(shift_requests, in_axes=1, out_axes=1)(state.beams, plan)
         wanted = wanted & active[:, :, None, None]
         # A shift that calls the model also fetches the extensions the new beam's next-byte
@@ -210,10 +212,61 @@ class ByteExperts(ModelExperts):
         beams = jax.tree.map(
             lambda new, old: jnp.where(active.reshape((m, k) + (1,) * (new.ndim - 2)), new, old), shifted, state.beams
         )
-        return self._refresh(ByteExpertState(beams, state.stores), active)
+        state = ByteExpertState(beams, state.stores)
+        if self.beam.heal:  # static: with heal off the program is the one without healing
+            state = self._heal(state, plan_beams, byte, active)
+        return self._refresh(state, active)
+
+    def _heal(self, state: ByteExpertState, before: BeamState, byte: Int[Array, "M K"], active: Bool[Array, "M K"]) -> ByteExpertState:
+        """Token healing (`smc_jax.bytes.healing`) of the beams the byte emptied: plans every
+        candidate from the trie (only when some beam is empty), then creates the chosen path's
+        contexts one token at a time, each one call batched over particles and experts (a loop
+        that runs zero times when nothing heals)."""
+        empty = active & ~jnp.isfinite(state.beams.log_mass)
+        plan_fn = jax.vmap(lambda beam, b: plan_heal(self.trie, beam, b, self.beam), in_axes=(1, 1), out_axes=1)
+        blank = jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), jax.eval_shape(plan_fn, before, byte))
+        plan: HealPlan = jax.lax.cond(jnp.any(empty), lambda: plan_fn(before, byte), lambda: blank)
+        need = empty & plan.found
+        count = jnp.where(need, plan.count, 0)
+        per_expert = lambda fn: jax.vmap(fn, in_axes=(0, 1, 1), out_axes=1)
+
+        def body(carry):
+            stores, context, logp, i = carry
+            want = need & (i < count)
+            position = jnp.take(plan.positions, i, axis=2)
+            logp = jnp.where(want, logp + per_expert(token_logprob)(stores.summary, context, position), logp)
+            # The path's current context must survive the call (the emptied beam holds nothing).
+            holder = state.beams.context.at[:, :, 0].set(jnp.where(need, context, state.beams.context[:, :, 0]))
+            stores, created = self._create(
+                ByteExpertState(state.beams._replace(context=holder), stores),
+                context[..., None], jnp.take(plan.tokens, i, axis=2)[..., None], want[..., None],
+            )
+            return stores, jnp.where(want, created[..., 0], context), logp, i + 1
+
+        stores, context, logp, _ = jax.lax.while_loop(
+            lambda carry: carry[3] < jnp.max(count), body, (state.stores, plan.source, plan.source_logp, jnp.int32(0))
+        )
+        beams = jax.vmap(
+            lambda table, shifted, old, heal, ctx, lp, node: healed_beam(self.trie, table, shifted, old, heal, ctx, lp, node),
+            in_axes=(0, 1, 1, 1, 1, 1, 1), out_axes=1,
+        )(stores.summary, state.beams, before, need, context, logp, plan.node)
+        beams = jax.vmap(zero_byte_logprob, in_axes=1, out_axes=1)(before, beams, byte)
+        beams = beams._replace(healed=beams.healed & active, healed_logp=jnp.where(active, beams.healed_logp, 0.0))
+        return ByteExpertState(beams, stores)
 
     def reorder(self, state: ByteExpertState, ancestors: Int[Array, "M"]) -> ByteExpertState:
         return state._replace(beams=jax.tree.map(lambda x: jnp.take(x, ancestors, axis=0), state.beams))
+
+    def stats(self, state) -> dict[str, int]:
+        """Host-side: model calls made, rows computed (padding included) and rows needed, and
+        the bytes healed (`smc_jax.bytes.healing`) along the particles' histories (summed).
+
+        Parameters
+        ----------
+        state : ByteExpertState
+            The experts' state after a run.
+        """
+        return dict(super().stats(state), heals=int(np.asarray(state.beams.heals).sum()))
 
 
 @jax.jit(static_argnums=1)
@@ -232,7 +285,10 @@ def _read_bytes(
         byte, position = inputs
         active = (position < length)[None]
         logp = experts.logprobs(state)[0, 0, byte]
-        return experts.advance(state, byte[None], active), jnp.where(active[0], logp, 0.0)
+        state = experts.advance(state, byte[None], active)
+        # A healed byte had probability 0 before it was read; it gets the healed path's.
+        logp = jnp.where(state.beams.healed[0, 0], state.beams.healed_logp[0, 0], logp)
+        return state, jnp.where(active[0], logp, 0.0)
 
     return jax.lax.scan(body, state, (data, jnp.arange(data.shape[0])))
 
@@ -257,6 +313,7 @@ class ByteLogprob(NamedTuple):
     complete: float
     conditionals: np.ndarray
     next_logprobs: np.ndarray  # [257] after the string
+    healed: int = 0  # bytes that needed token healing (`smc_jax.bytes.healing`)
 
 
 def byte_logprob(experts: ByteExperts, data: bytes) -> ByteLogprob:
@@ -282,4 +339,5 @@ def byte_logprob(experts: ByteExperts, data: bytes) -> ByteLogprob:
         complete=prefix + float(next_logp[EOS_BYTE]),
         conditionals=np.asarray(cond, np.float64)[:n],
         next_logprobs=next_logp,
+        healed=int(final.beams.heals[0, 0] - start.beams.heals[0, 0]),
     )
