@@ -43,7 +43,6 @@ from smc_jax.bytes.beam import EOS_BYTE
 from smc_jax.experts.byte import ByteExperts, ByteLogprob
 from smc_jax.models.contexts import ContextStoreOverflowError
 from smc_jax.models.lm import LanguageModel
-from smc_jax.models.paged import PagedTransformer
 from smc_jax.settings import DEFAULTS
 
 #: Smallest padded continuation length (bytes); lengths are padded to powers of two above it.
@@ -141,7 +140,7 @@ class ByteScorer:
         self.prompt_as_bytes = prompt_as_bytes
         self.trie, allowed = byte_vocabulary(model)
         self.allowed = jnp.asarray(allowed)
-        self.paged = PagedTransformer(params=model.params, config=model.config)
+        self.paged = model.paged()  # a Flax model (models.flax_adapter) brings its own
         self.eos = tuple(model.tokenizer.eos_token_ids)
         self.scale = 1
         self.shapes: set[tuple] = set()
