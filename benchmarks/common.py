@@ -57,16 +57,18 @@ def markdown_table(rows: Sequence[dict[str, Any]], columns: Sequence[str]) -> st
 
 
 def save(name: str, rows: Sequence[dict[str, Any]], columns: Sequence[str], meta: dict[str, Any], notes: str = "",
-         appendix: str = "") -> str:
-    """Writes results/<name>.json (rows + meta + machine) and results/<name>.md; returns the table.
-    `appendix` (markdown, e.g. further tables) goes after the table, before the settings."""
-    RESULTS.mkdir(parents=True, exist_ok=True)
+         appendix: str = "", directory: Path | str = RESULTS) -> str:
+    """Writes <directory>/<name>.json (rows + meta + machine) and <directory>/<name>.md (directory:
+    results/ unless given); returns the table. `appendix` (markdown, e.g. further tables) goes
+    after the table, before the settings."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
     info = {"machine": machine(), **meta}
-    (RESULTS / f"{name}.json").write_text(json.dumps({"meta": info, "rows": list(rows)}, indent=2, default=str))
+    (directory / f"{name}.json").write_text(json.dumps({"meta": info, "rows": list(rows)}, indent=2, default=str))
     table = markdown_table(rows, columns)
     header = f"# {name}\n\n" + (notes.strip() + "\n\n" if notes else "")
     settings = "\n".join(f"- {k}: {v}" for k, v in info.items() if k != "machine")
     extra = "\n\n" + appendix.strip() if appendix else ""
     body = f"{header}{table}{extra}\n\nSettings:\n{settings}\n- machine: {info['machine']}\n"
-    (RESULTS / f"{name}.md").write_text(body)
+    (directory / f"{name}.md").write_text(body)
     return table

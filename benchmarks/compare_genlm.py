@@ -1,68 +1,92 @@
 """smc_jax against GenLM (genlm-control, genlm-bytes, genlm-backend) on the same workloads and
-models, in one process, one side after the other (issue 9).
+models, in one process, one side after the other (issues 9, 18).
 
 Workloads (`--workloads`, all by default):
 
-* bytes-smollm2, bytes-gemma3 (a): the next-byte distribution at each of the 201 positions
-  along a fixed 200-byte English text after the prompt "A short story:\\n\\n" (beam width 5,
-  relative prune threshold 0.05). GenLM: a genlm-bytes `ByteBeamState` prefilled with the prompt,
-  then `logp_next()` and `prune() << byte` per byte. Reported besides time and calls: the largest
-  |difference| of the two sides' next-byte log-probabilities (256 bytes + EOS) over the entries
-  with probability >= MASS_FLOOR under either side, as is and with '<' left out (see EOS below).
+* bytes-smollm2, bytes-gemma3 (a): scoring a fixed 200-byte English text after the prompt
+  "A short story:\\n\\n" byte by byte (beam width 5, relative prune threshold 0.05). smc_jax:
+  the public `EnsembleSampler(...).logprob(TEXT)`; GenLM: a genlm-bytes `ByteBeamState`
+  prefilled with the prompt, then `logp_next()` and `prune() << byte` per byte. Agreement: the
+  largest |difference| of the two sides' conditionals log P(byte_i | bytes < i) along the text,
+  and of the next-byte distributions after it (256 bytes + EOS, entries with probability >=
+  MASS_FLOOR on a side), as is and with '<' left out (see EOS below).
 * smc-prompts (b): byte-level SMC for the product of SmolLM2 under "My favorite physicist is"
   and "My favorite author is"; smc-models (b): SmolLM2 x Gemma 3, both under the physicist
   prompt. M = 10 particles, ESS threshold 0.9, multinomial resampling, beam width 5, threshold
-  0.05. GenLM: `Product` of two `ByteLLM` potentials (one `AsyncTransformer` shared by the two
-  prompts) and `direct_token_sampler(product).smc(...)`.
-* token-prompts (reference): the same two-prompt product at the token level. GenLM: `Product` of
-  two `PromptedLLM` potentials on one `AsyncTransformer`; smc_jax: level="token".
+  0.05, at most `--max-tokens` - 1 bytes then a forced EOS. GenLM: `Product` of two `ByteLLM`
+  potentials (one `AsyncTransformer` shared by the two prompts) and
+  `direct_token_sampler(product).smc(...)`.
+* token-prompts (b): the same two-prompt product at the token level, at equal work: every
+  particle of both sides generates exactly `--max-tokens` tokens (see Length). GenLM: `Product`
+  of two `PromptedLLM` potentials on one `AsyncTransformer`; smc_jax: level="token".
 
 Conventions, so that both sides do the same work:
 
 * Prompts: GenLM starts every beam from the BOS token and reads the prompt byte by byte; smc_jax
-  runs with `prompt_as_bytes=True`, the same convention. The token-level reference feeds the
-  prompt's token ids to both.
+  runs with `prompt_as_bytes=True`, the same convention. The token level feeds the prompt's
+  token ids to both.
 * Target: GenLM's `Product` is p1 * p2 (its weights add the potentials' log-weights); smc_jax's
   f="product" is the geometric mean sqrt(p1 p2) (paper, tau = 0), so smc_jax runs with a
-  `CustomEnsemble` for p1 * p2: both sides sample the same target.
+  `CustomEnsemble` for p1 * p2: both sides sample the same target, at temperature 1.
+* Length: GenLM's `max_tokens` counts the end-of-sequence unit: a byte-level particle samples at
+  most max_tokens - 1 bytes and GenLM then forces EOS with its weight correction; smc_jax gets
+  max_length = max_tokens - 1 with at_max_length="eos", which does exactly that. At the token
+  level, EOS-terminated runs are not equal work: under p1 * p2 both samplers often collapse onto
+  a few-token string that ends early (" Elon Musk." + EOS), but a single particle still
+  extending keeps a run going to the limit (with 9 finished particles of equal weight the ESS
+  stays >= 0.9 M, so nothing resamples it away), so a run takes 5 or 40 steps at random (the
+  earlier results: GenLM 6-9 calls per run, smc_jax 33-39). The token workload therefore
+  samples p1(x) p2(x) (prefix probabilities) over strings of exactly L = max_tokens tokens on
+  both sides: GenLM multiplies a potential that gives EOS weight 0 (`genlm_side.no_eos`) into
+  the product and closes particles at L with `terminate_when` (no EOS factor); smc_jax uses an
+  ensemble whose complete-string target is 0 (`PREFIX_PRODUCT`: EOS is never proposed) with
+  max_length = L and at_max_length="truncate" (stop at L without an EOS factor). Generated
+  lengths are recorded per particle and run on both sides.
 * Zero weight: under the product a run can end with every particle at weight 0; smc_jax runs with
   allow_zero_weight=True (it raises by default), GenLM returns such runs as they are; they are
   timed like the others and counted (zero_weight_runs).
-* Length: GenLM's `max_tokens` (40) counts the end-of-sequence unit: a particle samples at most
-  39 symbols and GenLM then forces EOS with its weight correction. smc_jax gets
-  max_length = max_tokens - 1 with at_max_length="eos", which does exactly that.
-* EOS and special tokens: GenLM's byte tries treat the byte strings of smc_jax's EOS ids as EOS.
-  GenLM gives the models' other special tokens their literal text as bytes (b"<|im_start|>",
-  b"<start_of_image>"), while smc_jax leaves control tokens out of the byte LM and renormalizes:
-  their mass (up to 2% for Gemma 3's <start_of_image>) lands on '<' under GenLM only.
+* EOS and special tokens: GenLM's byte tries and `PromptedLLM` treat the byte strings of
+  smc_jax's EOS ids as EOS. GenLM gives the models' other special tokens their literal text as
+  bytes (b"<|im_start|>", b"<start_of_image>"), while smc_jax leaves control tokens out of the
+  byte LM and renormalizes: their mass (up to 2% for Gemma 3's <start_of_image>) lands on '<'
+  under GenLM only.
+* Threads: GenLM's torch runs at torch's default thread count unless `--torch-threads` sets it;
+  smc_jax's XLA:CPU uses its default (one intra-op thread per core it may run on). The results
+  record both, and the load average before and after each side.
 * Order: every workload's smc_jax side runs first, then every GenLM side (once GenLM had loaded
   its models and byte tries in the process, the same smc_jax runs -- same seeds, same calls --
   took 25-30% longer on this CPU).
-* Runs: the median of `--runs` runs after a warm-up run (compilation for smc_jax), seeds 0, 1, ...
-  Before every GenLM run its model-output cache and its byte-beam caches are cleared, so no run
-  reuses another's model calls; GenLM keeps the beam after the prompt across runs (`ByteLLM`
-  reads its prompt once: that one-time cost is reported as genlm_prompt_s / genlm_prompt_calls),
-  and so does smc_jax (`EnsembleSampler` builds its start state once: `with_start_state`; a run's
-  calls then exclude the prompt's, and smc_jax_prompt_calls is what a run still spends on it).
+* Runs: `--runs` (12 by default) timed runs per side after a warm-up run (compilation for
+  smc_jax), seeds 0, 1, ...; reported as the mean with a 95% t-interval. The ratio of the mean
+  times (and of the mean model calls) comes with a 95% percentile bootstrap interval: each
+  side's runs are resampled with replacement, independently (BOOTSTRAP_RESAMPLES times, fixed
+  seed), and the ratio of the resampled means is taken.
+* Prompt work: before every GenLM run its model-output cache and its byte-beam caches are
+  cleared, so no run reuses another's model calls; the prompts' own outputs are then recomputed
+  untimed (`ByteLLM` keeps the beam after its prompt, `PromptedLLM` the prompt's logits; the
+  one-time cost is genlm_prompt_s / genlm_prompt_calls). smc_jax likewise builds its start state
+  once per sampler (`EnsembleSampler` prefills the prompts and, at the byte level, reads them
+  into the start state: `with_start_state`); a run's calls exclude the prompt's on both sides.
 * Model calls: GenLM's are the batched forward passes of its `AsyncTransformer`s (counted by
   wrapping the torch model's forward; each recomputes the whole token context, as GenLM keeps
-  no KV cache for them); smc_jax's are its sequential batched decode calls (`stats`).
-* Floor: smc_jax's model calls times the seconds of one batched decode call of the sizes it
-  used, measured here with the same model port (`smc_jax.models.paged.paged_decode`, vmapped over
-  the group's prompts, the run's pool and path shapes): t(rows) = a + b * rows is fitted on the
-  call sizes up to twice the typical one, and floor = calls * a + rows * b summed over the model
-  groups. "Everything else" (the profile, c) is wall - floor. XLA compilations during the timed
-  runs (after the warm-up) are counted with `smc_jax.utils.compilation.count_compilations`.
+  no KV cache for them); smc_jax's are its sequential batched decode calls (`stats`), reported
+  for the SMC workloads (the public `logprob` of (a) does not report them).
+* Floor (SMC workloads): smc_jax's model calls times the seconds of one batched decode call of
+  the sizes it used, measured here with the same model port (`smc_jax.models.paged.paged_decode`,
+  vmapped over the group's prompts, the run's pool and path shapes): t(rows) = a + b * rows is
+  fitted on the call sizes up to twice the typical one, and floor = calls * a + rows * b summed
+  over the model groups. "Everything else" (the profile, c) is wall - floor.
+* Compilations: XLA compilations during the timed runs (after the warm-up) are counted with
+  `smc_jax.utils.compilation.count_compilations`; 0 means no run recompiled.
 
-Writes benchmarks/results/compare_genlm.{json,md}. Needs the `genlm` extra
-(pip install -e ".[genlm]") unless --skip-genlm. Run: python -m benchmarks.compare_genlm
+Writes <out>/<name>.{json,md} (benchmarks/results/compare_genlm.* by default). Needs the `genlm`
+extra (pip install -e ".[genlm]") unless --skip-genlm. Run: python -m benchmarks.compare_genlm
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import functools
 import math
 import os
 import statistics
@@ -70,6 +94,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from importlib.metadata import version
+from pathlib import Path
 from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -77,16 +102,18 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import struct
 from tqdm import tqdm
 
-from benchmarks.common import markdown_table, save
+from benchmarks.common import RESULTS, markdown_table, save
 from benchmarks.genlm_side import GENLM_MISSING, GenLM, byte_potentials, genlm_smc, genlm_text, token_potentials
 from smc_jax import load_model
 from smc_jax.api import EnsembleSampler, Expert
-from smc_jax.experts.byte import ByteExperts
 from smc_jax.ensemble import CustomEnsemble
+from smc_jax.evaluation.stats import CONFIDENCE, Interval, t_interval
 from smc_jax.experts.base import ExpertStack, expert_failure
-from smc_jax.models.contexts import bucket_sizes, context_stats
+from smc_jax.experts.byte import ByteExperts
+from smc_jax.models.contexts import bucket_sizes
 from smc_jax.models.lm import LanguageModel
 from smc_jax.models.paged import paged_decode
 from smc_jax.smc.engine import run_jitted
@@ -100,16 +127,19 @@ TEXT_PROMPT = "A short story:\n\n"
 PROMPTS = ("My favorite physicist is", "My favorite author is")
 SMOLLM2, GEMMA3 = "smollm2-135m-instruct", "gemma3-270m"
 WORKLOADS = {
-    "bytes-smollm2": "a: next-byte distributions, SmolLM2",
-    "bytes-gemma3": "a: next-byte distributions, Gemma 3",
+    "bytes-smollm2": "a: scoring a 200-byte text, SmolLM2",
+    "bytes-gemma3": "a: scoring a 200-byte text, Gemma 3",
     "smc-prompts": "b: byte SMC, SmolLM2 x 2 prompts",
     "smc-models": "b: byte SMC, SmolLM2 x Gemma 3",
-    "token-prompts": "ref: token SMC, SmolLM2 x 2 prompts",
+    "token-prompts": "b: token SMC, SmolLM2 x 2 prompts, fixed length",
 }
 
 MASS_FLOOR = 1e-4  # agreement is measured over entries with at least this probability on a side
 WARMUP_SEED = 100
 DECODE_REPEATS = 5
+DEFAULT_RUNS = 12
+BOOTSTRAP_RESAMPLES = 10_000
+BOOTSTRAP_SEED = 0
 
 
 def _log_product(log_p: jax.Array) -> jax.Array:
@@ -120,6 +150,32 @@ def _log_product(log_p: jax.Array) -> jax.Array:
 GENLM_PRODUCT = CustomEnsemble(log_abs_f=_log_product, num_experts=2)
 
 
+@struct.dataclass
+class PrefixProduct:
+    """psi(x) = p1(x) p2(x) on prefixes and phi = 0 on complete strings: EOS is never proposed, so
+    with at_max_length="truncate" every particle generates exactly max_length symbols, weighted
+    for p1(x) p2(x) over the strings of that length (GenLM's product times `no_eos`, closed at L).
+
+    Attributes
+    ----------
+    num_experts : int
+        K (the log-probabilities' trailing axis).
+    """
+
+    num_experts: int = struct.field(pytree_node=False, default=2)
+
+    def log_target(self, log_p: jax.Array) -> jax.Array:
+        """log phi = -inf: no string may end before the length limit."""
+        return jnp.full(log_p.shape[:-1], -jnp.inf, log_p.dtype)
+
+    def log_shaping(self, log_p: jax.Array) -> jax.Array:
+        """log psi = sum_k log p_k(x)."""
+        return jnp.sum(log_p, axis=-1)
+
+
+PREFIX_PRODUCT = PrefixProduct()
+
+
 @dataclasses.dataclass(frozen=True)
 class Settings:
     runs: int
@@ -127,32 +183,81 @@ class Settings:
     prune_threshold: float
     particles: int
     ess_threshold: float
-    max_tokens: int  # GenLM's max_tokens: symbols plus the forced EOS
+    max_tokens: int  # GenLM's max_tokens: byte SMC symbols plus the forced EOS; token SMC: exact length
+
+
+# --------------------------------------------------------------------------------- statistics
+
+
+@dataclasses.dataclass(frozen=True)
+class Ratio:
+    """mean(numerator) / mean(denominator) with a percentile bootstrap interval [low, high]."""
+
+    value: float
+    low: float
+    high: float
+
+    def format(self, digits: int = 2) -> str:
+        if math.isnan(self.value):
+            return "n/a"
+        if math.isnan(self.low):
+            return f"{self.value:.{digits}f}"
+        return f"{self.value:.{digits}f} [{self.low:.{digits}f}, {self.high:.{digits}f}]"
+
+
+def mean_interval(values: Sequence[float]) -> Interval:
+    """mean +- the 95% t-interval half-width over runs (`smc_jax.evaluation.stats.t_interval`).
+
+    Parameters
+    ----------
+    values : sequence of float
+        One value per run.
+    """
+    return t_interval([float(v) for v in values])
+
+
+def ratio_interval(numerator: Sequence[float], denominator: Sequence[float], confidence: float = CONFIDENCE,
+                   resamples: int = BOOTSTRAP_RESAMPLES, seed: int = BOOTSTRAP_SEED) -> Ratio:
+    """R = mean(numerator) / mean(denominator) and its percentile bootstrap interval: both samples
+    are resampled with replacement independently, R* = mean(num*) / mean(den*), and the interval
+    is the (1 -+ confidence) / 2 quantiles of R*. Without two values on each side: no interval.
+
+    Parameters
+    ----------
+    numerator, denominator : sequence of float
+        Independent per-run values of the two sides (e.g. GenLM's and smc_jax's seconds).
+    confidence : float
+        The interval's coverage.
+    resamples : int
+        Bootstrap resamples.
+    seed : int
+        Seed of the resampling (the interval is reproducible).
+
+    Returns
+    -------
+    Ratio
+        R with its interval (NaN bounds when a side has fewer than two values).
+    """
+    num, den = np.asarray(numerator, np.float64), np.asarray(denominator, np.float64)
+    if num.size == 0 or den.size == 0:
+        return Ratio(math.nan, math.nan, math.nan)
+    value = float(num.mean() / den.mean())
+    if num.size < 2 or den.size < 2:
+        return Ratio(value, math.nan, math.nan)
+    rng = np.random.default_rng(seed)
+    num_means = num[rng.integers(0, num.size, (resamples, num.size))].mean(axis=1)
+    den_means = den[rng.integers(0, den.size, (resamples, den.size))].mean(axis=1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratios = num_means / den_means
+    low, high = np.quantile(ratios, [(1 - confidence) / 2, (1 + confidence) / 2])
+    return Ratio(value, float(low), float(high))
+
+
+def fmt(interval: Interval, digits: int = 2) -> str:
+    return interval.format(digits=digits)
 
 
 # ------------------------------------------------------------------------------------ smc_jax
-
-
-def _read_text(experts: ByteExperts, data: jax.Array) -> tuple[Any, jax.Array]:
-    """One sequence reads `data` byte by byte: the final state and the next-byte log-probs before
-    each byte and after the last ([len + 1, 257])."""
-    state = experts.init(1)
-
-    def body(state, byte):
-        logp = experts.logprobs(state)[0, 0]
-        return experts.advance(state, byte[None], jnp.ones((1,), bool)), logp
-
-    state, before = jax.lax.scan(body, state, data)
-    return state, jnp.concatenate([before, experts.logprobs(state)[0, 0][None]])
-
-
-read_text = jax.jit(_read_text)
-
-
-@functools.partial(jax.jit, static_argnums=1)
-def _init_state(group: Any, num_particles: int) -> Any:
-    """A group's state before the first step (for byte experts: after reading the prompt bytes)."""
-    return group.init(num_particles)
 
 
 @jax.jit
@@ -212,22 +317,20 @@ class CallCost:
         return stats["model_calls"] * self.fixed + stats["rows_computed"] / self.prompts * self.per_row
 
 
-def groups_of(experts: Any) -> tuple:
-    return experts.groups if isinstance(experts, ExpertStack) else (experts,)
-
-
 def group_stats(sampler: EnsembleSampler, seed: int) -> tuple[tuple, list[dict[str, int]]]:
     """The model groups and, per group, the counters of the run `sampler(seed)` (a run is a
     function of its seed: this reruns it through the engine to read each group's store)."""
-    scale = 1
-    while True:  # the smallest context store that holds the run, as the sampler does
-        experts = sampler.build(scale)
+
+    def run(experts: Any) -> tuple[Any, Any]:
         state = run_jitted(sampler.smc, jax.random.key(seed), experts, sampler.ensemble)
-        if expert_failure(experts, state.expert_state) is None:
-            break
-        scale *= 2
+        problem = expert_failure(experts, state.expert_state)
+        if problem is not None:
+            raise problem  # a context-store overflow makes grow_on_overflow rebuild bigger
+        return experts, state
+
+    experts, state = sampler.grow_on_overflow(run)
+    groups = experts.groups if isinstance(experts, ExpertStack) else (experts,)
     states = state.expert_state if isinstance(experts, ExpertStack) else (state.expert_state,)
-    groups = groups_of(experts)
     return groups, [group.stats(s) for group, s in zip(groups, states)]
 
 
@@ -236,52 +339,42 @@ def model_names(experts: Sequence[Expert]) -> list[str]:
 
 
 def smc_jax_text(model: LanguageModel, settings: Settings) -> dict[str, Any]:
-    """(a) smc_jax: distributions along TEXT, wall time, model calls, floor."""
+    """(a) smc_jax: `EnsembleSampler.logprob(TEXT)` timed after a warm-up (compilation, start
+    state): the conditionals along TEXT and the next-byte distribution after it."""
     sampler = EnsembleSampler(experts=(Expert(model, TEXT_PROMPT),), level="byte", num_particles=1,
                               max_length=len(TEXT), beam_width=settings.beam_width,
                               prune_threshold=settings.prune_threshold, prompt_as_bytes=True)
-    data = jnp.asarray(np.frombuffer(TEXT, np.uint8).astype(np.int32))
-    scale = 1
-    while True:  # the smallest context store that holds the run, as the sampler does
-        experts = sampler.build(scale)
-        state, logps = jax.block_until_ready(read_text(experts, data))
-        if experts.failure(state) is None:
-            break
-        scale *= 2
+    scored = sampler.logprob(TEXT)
     times = []
     with count_compilations() as compiled:
         for _ in range(settings.runs):
             start = time.perf_counter()
-            state, logps = jax.block_until_ready(read_text(experts, data))
+            scored = sampler.logprob(TEXT)  # host arrays: the call has finished
             times.append(time.perf_counter() - start)
-    stats = context_stats(state.stores)
-    cost = CallCost.measure(model.name, experts, 1)
-    return {"seconds": statistics.median(times), "times": times, "calls": stats["model_calls"],
-            "floor": cost.floor(stats), "costs": [cost], "recompiles": compiled.count,
-            "logprobs": np.asarray(logps, np.float64)}
+    return {"times": times, "conditionals": scored.conditionals, "next_logprobs": scored.next_logprobs,
+            "recompiles": compiled.count}
 
 
 def smc_jax_sampler(sampler: EnsembleSampler, settings: Settings) -> dict[str, Any]:
-    """(b) smc_jax: median wall time, calls, floor and compilations of runs with seeds 0, 1, ..."""
+    """(b) smc_jax: per-run wall time, calls, generated lengths, floor and compilations of runs
+    with seeds 0, 1, ... after a warm-up run."""
     sampler(WARMUP_SEED, allow_zero_weight=True)
-    times, calls, steps, results = [], [], [], []
+    times, calls, steps, lengths, results = [], [], [], [], []
     with count_compilations() as compiled:
         for seed in range(settings.runs):
             result = sampler(seed, allow_zero_weight=True)  # a run may end at zero weight, as GenLM's may
             times.append(result.stats["seconds"])
             calls.append(result.stats["model_calls"])
             steps.append(result.stats["steps"])
+            lengths.append([int(n) for n in np.asarray(result.lengths)])
             results.append(result)
     per_seed = [group_stats(sampler, seed) for seed in range(settings.runs)]
     groups = per_seed[0][0]
     costs = [CallCost.measure(name, g, settings.particles) for name, g in zip(model_names(sampler.experts), groups)]
     floors = [sum(c.floor(s) for c, s in zip(costs, stats)) for _, stats in per_seed]
-    prompt_calls = sum(g.stats(_init_state(g, settings.particles))["model_calls"] for g in groups)
     median_run = results[int(np.argsort(times)[len(times) // 2])]
-    return {"seconds": statistics.median(times), "times": times, "calls": statistics.median(calls),
-            "calls_per_run": calls, "prompt_calls": prompt_calls, "steps": statistics.median(steps), "floor": statistics.median(floors),
-            "wall_over_floor": statistics.median(t / f for t, f in zip(times, floors)), "costs": costs,
-            "recompiles": compiled.count, "zero_weight_runs": sum(r.log_Z == -math.inf for r in results),
+    return {"times": times, "calls_per_run": calls, "steps": steps, "lengths": lengths, "floors": floors,
+            "costs": costs, "recompiles": compiled.count, "zero_weight_runs": sum(r.log_Z == -math.inf for r in results),
             "sample": repr(median_run.posterior()[0][0])[:50] if median_run.log_Z > -math.inf else "(zero weight)"}
 
 
@@ -294,33 +387,34 @@ def max_difference(ours: np.ndarray, theirs: np.ndarray) -> tuple[float, str]:
     with np.errstate(invalid="ignore"):  # -inf - -inf where neither side has mass
         diff = np.where(heavy, np.abs(ours - theirs), 0.0)
     position, symbol = np.unravel_index(np.argmax(diff), diff.shape)
-    return float(diff.max()), f"position {position}, {'EOS' if symbol == 256 else repr(bytes([symbol]))}"
+    return float(diff.max()), f"{'EOS' if symbol == 256 else repr(bytes([symbol]))}"
 
 
 def without(logp: np.ndarray, symbol: int) -> np.ndarray:
     """The distributions with one symbol removed, renormalized."""
-    kept = np.delete(logp, symbol, axis=1)
-    return kept - np.logaddexp.reduce(kept, axis=1, keepdims=True)
+    kept = np.delete(logp, symbol, axis=-1)
+    return kept - np.logaddexp.reduce(kept, axis=-1, keepdims=True)
 
 
-def agreement(ours: np.ndarray, theirs: np.ndarray) -> dict[str, Any]:
-    """How far apart the two sides' next-byte distributions are, as is and without '<': GenLM
-    gives the models' special tokens their literal text as bytes (e.g. b"<start_of_image>"), which
-    smc_jax leaves out of the byte LM, so their mass lands on '<' under GenLM only."""
-    theirs = np.concatenate([theirs[:, :256], theirs[:, 257:]], axis=1)  # drop GenLM's EOT column
-    diff, where = max_difference(ours, theirs)
-    diff_no_lt, where_no_lt = max_difference(without(ours, ord("<")), without(theirs, ord("<")))
+def agreement(ours: dict[str, Any], theirs: np.ndarray) -> dict[str, Any]:
+    """How far apart the two sides are along TEXT: the conditionals of its bytes, and the
+    next-byte distribution after it as is and without '<' (GenLM gives the models' special
+    tokens their literal text as bytes, e.g. b"<start_of_image>", which smc_jax leaves out of
+    the byte LM, so their mass lands on '<' under GenLM only)."""
+    data = np.frombuffer(TEXT, np.uint8)
+    theirs_cond = theirs[np.arange(len(data)), data]
+    cond_diff = np.abs(ours["conditionals"] - theirs_cond)
+    ours_next = ours["next_logprobs"][None]
+    theirs_next = np.concatenate([theirs[-1, :256], theirs[-1, 257:]])[None]  # drop GenLM's EOT column
+    diff, where = max_difference(ours_next, theirs_next)
+    diff_no_lt, where_no_lt = max_difference(without(ours_next, ord("<")), without(theirs_next, ord("<")))
     return {
-        "max_logp_diff": diff, "where": where, "max_logp_diff_without_<": diff_no_lt, "where_without_<": where_no_lt,
-        "max_tv": float(0.5 * np.abs(np.exp(ours) - np.exp(theirs)).sum(axis=1).max()),
+        "max_conditional_diff": float(cond_diff.max()), "at_byte": int(np.argmax(cond_diff)),
+        "sum_conditionals_smc_jax": float(ours["conditionals"].sum()), "sum_conditionals_genlm": float(theirs_cond.sum()),
+        "max_next_logp_diff": diff, "where": where, "max_next_logp_diff_without_<": diff_no_lt,
+        "where_without_<": where_no_lt,
+        "next_tv": float(0.5 * np.abs(np.exp(ours_next) - np.exp(theirs_next)).sum()),
     }
-
-
-def mean_interval(values: Sequence[float]) -> str:
-    """mean ± 95% t-interval (the runs of one side; each run samples its own strings)."""
-    from smc_jax.evaluation.stats import t_interval
-
-    return t_interval([float(v) for v in values]).format(digits=1)
 
 
 def workload_experts(name: str, models: Callable[[str], LanguageModel]) -> tuple[Expert, ...]:
@@ -331,17 +425,24 @@ def workload_experts(name: str, models: Callable[[str], LanguageModel]) -> tuple
     return (Expert(smol, PROMPTS[0]), Expert(smol, PROMPTS[1]))
 
 
+def workload_sampler(name: str, models: Callable[[str], LanguageModel], settings: Settings) -> EnsembleSampler:
+    """smc_jax's sampler of an SMC workload (b) (see Length in the module docstring)."""
+    common = dict(num_particles=settings.particles, ess_threshold=settings.ess_threshold, resampler="multinomial",
+                  temperature=1.0)
+    if name.startswith("token-"):
+        return EnsembleSampler(experts=workload_experts(name, models), level="token", f=PREFIX_PRODUCT,
+                               max_length=settings.max_tokens, at_max_length="truncate", **common)
+    return EnsembleSampler(
+        experts=workload_experts(name, models), level="byte", f=GENLM_PRODUCT, max_length=settings.max_tokens - 1,
+        at_max_length="eos", beam_width=settings.beam_width, prune_threshold=settings.prune_threshold,
+        prompt_as_bytes=True, **common)
+
+
 def smc_jax_workload(name: str, models: Callable[[str], LanguageModel], settings: Settings) -> dict[str, Any]:
     """The smc_jax side of one workload: its measurements (the row is completed by `row_of`)."""
     if name.startswith("bytes-"):
         return smc_jax_text(models(SMOLLM2 if name == "bytes-smollm2" else GEMMA3), settings)
-    level = "token" if name.startswith("token-") else "byte"
-    sampler = EnsembleSampler(
-        experts=workload_experts(name, models), level=level, f=GENLM_PRODUCT, num_particles=settings.particles,
-        max_length=settings.max_tokens - 1, at_max_length="eos", ess_threshold=settings.ess_threshold,
-        resampler="multinomial", beam_width=settings.beam_width, prune_threshold=settings.prune_threshold,
-        prompt_as_bytes=level == "byte")
-    return smc_jax_sampler(sampler, settings)
+    return smc_jax_sampler(workload_sampler(name, models, settings), settings)
 
 
 def genlm_workload(name: str, models: Callable[[str], LanguageModel], genlm: GenLM, settings: Settings) -> dict[str, Any]:
@@ -349,40 +450,64 @@ def genlm_workload(name: str, models: Callable[[str], LanguageModel], genlm: Gen
     if name.startswith("bytes-"):
         return genlm_text(genlm, models(SMOLLM2 if name == "bytes-smollm2" else GEMMA3), settings, TEXT, TEXT_PROMPT)
     experts = workload_experts(name, models)
-    make = byte_potentials(genlm, experts, settings) if name.startswith("smc-") else token_potentials(genlm, experts)
-    return genlm_smc(genlm, make, settings, WARMUP_SEED)
+    if name.startswith("token-"):
+        return genlm_smc(genlm, token_potentials(genlm, experts), settings, WARMUP_SEED, fixed_length=settings.max_tokens)
+    return genlm_smc(genlm, byte_potentials(genlm, experts, settings), settings, WARMUP_SEED)
 
 
-def row_of(name: str, ours: dict[str, Any], genlm_side: dict[str, Any] | None) -> dict[str, Any]:
-    """One row of the table from both sides' measurements."""
-    row: dict[str, Any] = {"workload": WORKLOADS[name]}
-    if name.startswith("bytes-"):
-        if genlm_side is not None:
-            row.update(agreement(ours["logprobs"], genlm_side["logprobs"]))
-        row["smc_jax_wall/floor"] = ours["seconds"] / ours["floor"]
-    else:
-        row.update({"smc_jax_wall/floor": ours["wall_over_floor"], "smc_jax_sample": ours["sample"],
-                    "smc_jax_calls_per_run": ours["calls_per_run"], "smc_jax_calls_mean": mean_interval(ours["calls_per_run"]),
-                    "smc_jax_steps": ours["steps"], "smc_jax_prompt_calls": ours["prompt_calls"],
-                    "smc_jax_zero_weight_runs": ours["zero_weight_runs"]})
-        if genlm_side is not None:
-            row.update({"genlm_prompt_s": genlm_side["prompt_s"], "genlm_prompt_calls": genlm_side["prompt_calls"],
-                        "genlm_steps": genlm_side["steps"], "genlm_zero_weight_runs": genlm_side["zero_weight_runs"],
-                        "genlm_calls_per_run": genlm_side["calls_per_run"],
-                        "genlm_calls_mean": mean_interval(genlm_side["calls_per_run"])})
-    row.update({
-        "smc_jax_s": ours["seconds"], "smc_jax_calls": ours["calls"], "smc_jax_floor_s": ours["floor"],
-        "smc_jax_other_s": ours["seconds"] - ours["floor"], "recompiles": ours["recompiles"],
-        "smc_jax_times": ours["times"],
-    })
-    if genlm_side is not None:
+def mean_length(lengths: Sequence[Sequence[int]]) -> float:
+    """Mean generated symbols per particle over all runs."""
+    return float(np.mean([n for run in lengths for n in run])) if lengths else math.nan
+
+
+def row_of(name: str, ours: dict[str, Any], theirs: dict[str, Any] | None) -> dict[str, Any]:
+    """One row of the tables from both sides' measurements (formatted cells and raw numbers)."""
+    times = mean_interval(ours["times"])
+    row: dict[str, Any] = {"workload": WORKLOADS[name], "runs": times.n, "smc_jax_s": fmt(times),
+                           "smc_jax_s_mean": times.mean, "smc_jax_s_half_width": times.half_width,
+                           "smc_jax_times": ours["times"], "recompiles": ours["recompiles"]}
+    smc = "calls_per_run" in ours
+    if smc:
+        calls, floors = mean_interval(ours["calls_per_run"]), mean_interval(ours["floors"])
         row.update({
-            "genlm_s": genlm_side["seconds"], "genlm_calls": genlm_side["calls"],
-            "genlm_forward_s": genlm_side["forward_s"], "genlm_other_s": genlm_side["seconds"] - genlm_side["forward_s"],
-            "genlm/smc_jax": genlm_side["seconds"] / ours["seconds"],
-            "genlm_rows_per_call": genlm_side["rows_per_call"], "genlm_tokens_per_row": genlm_side["tokens_per_row"],
-            "genlm_s_per_call": genlm_side["seconds_per_call"], "genlm_times": genlm_side["times"],
+            "smc_jax_calls": fmt(calls, 1), "smc_jax_calls_mean": calls.mean, "smc_jax_calls_half_width": calls.half_width,
+            "smc_jax_calls_per_run": ours["calls_per_run"], "smc_jax_steps": ours["steps"],
+            "smc_jax_lengths": ours["lengths"], "smc_jax_mean_length": mean_length(ours["lengths"]),
+            "smc_jax_run_mean_lengths": [round(float(np.mean(run)), 1) for run in ours["lengths"]],
+            "smc_jax_floor_s": floors.mean, "smc_jax_other_s": times.mean - floors.mean,
+            "smc_jax_wall/floor": statistics.mean(t / f for t, f in zip(ours["times"], ours["floors"])),
+            "smc_jax_zero_weight_runs": ours["zero_weight_runs"], "smc_jax_sample": ours["sample"],
         })
+    else:
+        row["smc_jax_calls"] = "n/a"
+    if theirs is None:
+        return row
+    genlm_times, genlm_calls = mean_interval(theirs["times"]), mean_interval(theirs["calls_per_run"])
+    speedup = ratio_interval(theirs["times"], ours["times"])
+    row.update({
+        "genlm_s": fmt(genlm_times), "genlm_s_mean": genlm_times.mean, "genlm_s_half_width": genlm_times.half_width,
+        "genlm/smc_jax": speedup.format(), "genlm/smc_jax_ratio": speedup.value, "genlm/smc_jax_low": speedup.low,
+        "genlm/smc_jax_high": speedup.high, "genlm_times": theirs["times"],
+        "genlm_calls": fmt(genlm_calls, 1), "genlm_calls_mean": genlm_calls.mean,
+        "genlm_calls_half_width": genlm_calls.half_width, "genlm_calls_per_run": theirs["calls_per_run"],
+        "genlm_forward_s": statistics.mean(theirs["forward_s_per_run"]),
+        "genlm_other_s": genlm_times.mean - statistics.mean(theirs["forward_s_per_run"]),
+        "genlm_rows_per_call": theirs["rows_per_call"], "genlm_tokens_per_row": theirs["tokens_per_row"],
+        "genlm_s_per_call": theirs["seconds_per_call"],
+    })
+    if smc:
+        call_ratio = ratio_interval(ours["calls_per_run"], theirs["calls_per_run"])
+        row.update({
+            "smc_jax/genlm_calls": call_ratio.format(), "smc_jax/genlm_calls_ratio": call_ratio.value,
+            "smc_jax/genlm_calls_low": call_ratio.low, "smc_jax/genlm_calls_high": call_ratio.high,
+            "genlm_lengths": theirs["lengths"], "genlm_mean_length": mean_length(theirs["lengths"]),
+            "genlm_run_mean_lengths": [round(float(np.mean(run)), 1) for run in theirs["lengths"]],
+            "genlm_prompt_s": theirs["prompt_s"], "genlm_prompt_calls": theirs["prompt_calls"],
+            "genlm_zero_weight_runs": theirs["zero_weight_runs"],
+        })
+        row["lengths genlm / smc_jax"] = f"{row['genlm_mean_length']:.1f} / {row['smc_jax_mean_length']:.1f}"
+    else:
+        row.update(agreement(ours, theirs["logprobs"]))
     return row
 
 
@@ -395,16 +520,43 @@ def cost_table(costs: Sequence[tuple[str, CallCost]]) -> tuple[list[dict[str, An
     return rows, ["workload", "model", "prompts", *(f"rows={n}" for n in sizes), "fixed_s", "per_row_s"]
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--runs", type=int, default=3, help="timed runs per side after a warm-up (median)")
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """The command line (see the module docstring).
+
+    Parameters
+    ----------
+    argv : sequence of str, optional
+        The arguments (sys.argv[1:] when None).
+    """
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.compare_genlm", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runs", type=int, default=DEFAULT_RUNS, help="timed runs per side after a warm-up")
     parser.add_argument("--workloads", nargs="+", choices=list(WORKLOADS), default=list(WORKLOADS))
     parser.add_argument("--skip-genlm", action="store_true", help="run only the smc_jax side")
-    parser.add_argument("--torch-threads", type=int, help="torch.set_num_threads for GenLM (default: torch's)")
-    parser.add_argument("--max-tokens", type=int, default=40, help="GenLM's max_tokens (symbols + forced EOS)")
+    parser.add_argument("--torch-threads", type=int, default=None,
+                        help="torch.set_num_threads for GenLM (default: leave torch's default)")
+    parser.add_argument("--max-tokens", type=int, default=40,
+                        help="byte SMC: GenLM's max_tokens (bytes + forced EOS); token SMC: the exact length")
     parser.add_argument("--particles", type=int, default=10)
-    parser.add_argument("--name", default="compare_genlm", help="results name: benchmarks/results/<name>.*")
-    args = parser.parse_args()
+    parser.add_argument("--name", default="compare_genlm", help="results name: <out>/<name>.{json,md}")
+    parser.add_argument("--out", type=Path, default=RESULTS, help="results folder (default benchmarks/results)")
+    args = parser.parse_args(argv)
+    for option in ("runs", "max_tokens", "particles"):
+        if getattr(args, option) < 1:
+            parser.error(f"--{option.replace('_', '-')} must be >= 1")
+    if args.torch_threads is not None and args.torch_threads < 1:
+        parser.error("--torch-threads must be >= 1")
+    return args
+
+
+def threads_used(genlm: GenLM | None) -> dict[str, Any]:
+    """The thread counts both sides ran with."""
+    xla = {"xla_cpu_devices": len(jax.devices("cpu")), "cpus_available": len(os.sched_getaffinity(0)),
+           "XLA_FLAGS": os.environ.get("XLA_FLAGS", ""), "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "")}
+    return {**xla, **(genlm.threads() if genlm is not None else {})}
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parse_args(argv)
     genlm = None
     if not args.skip_genlm:
         try:
@@ -425,48 +577,59 @@ def main() -> None:
             loaded[name] = load_model(name)
         return loaded[name]
 
+    load = {"before": os.getloadavg()}
     # Every smc_jax side runs before GenLM loads anything (see "Order" in the docstring).
     ours = {name: smc_jax_workload(name, models, settings) for name in tqdm(args.workloads, desc="smc_jax side")}
+    load["after_smc_jax"] = os.getloadavg()
     theirs = {name: genlm_workload(name, models, genlm, settings) if genlm is not None else None
               for name in tqdm(args.workloads, desc="GenLM side")}
+    load["after_genlm"] = os.getloadavg()
     rows = [row_of(name, ours[name], theirs[name]) for name in args.workloads]
-    costs = [(name, c) for name in args.workloads for c in ours[name]["costs"]]
-    columns = ["workload", "genlm_s", "smc_jax_s", "genlm/smc_jax", "genlm_calls", "smc_jax_calls", "genlm_forward_s",
-               "smc_jax_floor_s", "smc_jax_wall/floor", "recompiles", "max_logp_diff"]
+    costs = [(name, c) for name in args.workloads for c in ours[name].get("costs", [])]
+    columns = ["workload", "runs", "genlm_s", "smc_jax_s", "genlm/smc_jax", "genlm_calls", "smc_jax_calls",
+               "smc_jax/genlm_calls", "lengths genlm / smc_jax", "recompiles"]
+    smc_rows = [r for r in rows if "smc_jax_calls_per_run" in r]
     call_costs, cost_columns = cost_table(costs)
     appendix = "\n\n".join([
-        "## Agreement of the next-byte distributions (a)\n\n" + markdown_table(
-            [r for r in rows if "max_logp_diff" in r],
-            ["workload", "max_logp_diff", "where", "max_logp_diff_without_<", "where_without_<", "max_tv"]),
-        "## Profile of smc_jax (c): model forward (floor) vs everything else\n\n" + markdown_table(
-            rows, ["workload", "smc_jax_steps", "smc_jax_calls", "smc_jax_prompt_calls", "smc_jax_s", "smc_jax_floor_s",
-                   "smc_jax_other_s", "recompiles", "smc_jax_zero_weight_runs", "smc_jax_sample"]),
-        "## Sequential model calls per run (b)\n\n"
-        "Mean ± 95% t-interval over the runs, and each run's count. Each side samples its own strings, so "
-        "single runs differ in work; over runs both sample the same target with the same proposal and beam "
-        "settings, so the means compare like for like.\n\n"
-        + markdown_table([r for r in rows if "smc_jax_calls_mean" in r],
-                         ["workload", "genlm_calls_mean", "smc_jax_calls_mean", "genlm_calls_per_run",
-                          "smc_jax_calls_per_run"]),
-        "## GenLM: batched forward calls (whole token contexts, no KV cache)\n\n" + markdown_table(
-            rows, ["workload", "genlm_steps", "genlm_zero_weight_runs", "genlm_calls", "genlm_forward_s", "genlm_other_s", "genlm_rows_per_call",
+        "## Equal work: generated symbols per particle (b)\n\n"
+        "Mean over each run's particles (bytes, or tokens for token SMC; EOS not counted), one value per run; "
+        "the token workload generates exactly max_tokens tokens on both sides.\n\n" + markdown_table(
+            smc_rows, ["workload", "genlm_run_mean_lengths", "smc_jax_run_mean_lengths", "smc_jax_steps",
+                       "genlm_zero_weight_runs", "smc_jax_zero_weight_runs"]),
+        "## Sequential model calls per run (b)\n\n" + markdown_table(
+            smc_rows, ["workload", "genlm_calls_per_run", "smc_jax_calls_per_run"]),
+        "## Agreement along the text (a)\n\n" + markdown_table(
+            [r for r in rows if "max_conditional_diff" in r],
+            ["workload", "max_conditional_diff", "at_byte", "sum_conditionals_genlm", "sum_conditionals_smc_jax",
+             "max_next_logp_diff", "where", "max_next_logp_diff_without_<", "where_without_<", "next_tv"]),
+        "## Profile of smc_jax (c): model forward (floor) vs everything else (means over runs)\n\n" + markdown_table(
+            smc_rows, ["workload", "smc_jax_s_mean", "smc_jax_floor_s", "smc_jax_other_s", "smc_jax_wall/floor",
+                       "smc_jax_sample"]),
+        "## GenLM: batched forward calls (whole token contexts, no KV cache; means over runs)\n\n" + markdown_table(
+            rows, ["workload", "genlm_s_mean", "genlm_forward_s", "genlm_other_s", "genlm_rows_per_call",
                    "genlm_tokens_per_row", "genlm_s_per_call", "genlm_prompt_s", "genlm_prompt_calls"]),
         "## smc_jax: seconds of one batched decode call (rows per prompt; vmapped over the prompts)\n\n"
         + markdown_table(call_costs, cost_columns),
     ])
     meta = {
-        "runs": args.runs, "settings": dataclasses.asdict(settings), "smc_jax_max_length": args.max_tokens - 1,
-        "text_prompt": TEXT_PROMPT, "prompts": PROMPTS, "mass_floor": MASS_FLOOR, "call_costs": call_costs,
+        "runs": args.runs, "settings": dataclasses.asdict(settings), "text_prompt": TEXT_PROMPT, "prompts": PROMPTS,
+        "mass_floor": MASS_FLOOR, "threads": threads_used(genlm), "load_average": load,
+        "intervals": (f"times and calls: mean ± {CONFIDENCE:.0%} t-interval over runs; ratios: mean / mean with a "
+                      f"{CONFIDENCE:.0%} percentile bootstrap interval ({BOOTSTRAP_RESAMPLES} resamples of each "
+                      "side's runs, independently)"),
+        "call_costs": call_costs,
         "genlm": None if genlm is None else {
-            **{p: version(p) for p in ("genlm-control", "genlm-bytes", "genlm-backend", "torch", "transformers")},
-            "torch_threads": genlm.torch.get_num_threads()},
+            p: version(p) for p in ("genlm-control", "genlm-bytes", "genlm-backend", "torch", "transformers")},
     }
-    notes = ("smc_jax vs GenLM, same models (float32 from the same GGUF files), same process (smc_jax's sides first), CPU. Seconds: median "
-             f"of {args.runs} runs after a warm-up. genlm/smc_jax > 1: smc_jax is faster. Calls: sequential batched "
-             "model calls. floor: smc_jax's calls x the seconds of one batched decode call of the sizes it used; "
-             f"max_logp_diff: over next-byte entries with probability >= {MASS_FLOOR} on a side. See the script's "
-             "docstring for the conventions.")
-    print(save(args.name, rows, columns, meta, notes, appendix))
+    notes = (
+        "smc_jax vs GenLM, same models (float32 from the same GGUF files), same process (smc_jax's sides first), CPU. "
+        f"{args.runs} timed runs per side after a warm-up; seconds and calls: mean ± 95% t-interval; "
+        "genlm/smc_jax: ratio of mean seconds (> 1: smc_jax is faster) and smc_jax/genlm_calls: ratio of mean "
+        "sequential model calls, each with a 95% percentile bootstrap interval [low, high]. GenLM's torch at "
+        f"{'its default thread count' if args.torch_threads is None else f'{args.torch_threads} thread(s)'} "
+        f"({meta['threads']}). Load average (1/5/15 min) before, between and after the sides: {load}. "
+        "See the script's docstring for the conventions (same target, lengths, prompts).")
+    print(save(args.name, rows, columns, meta, notes, appendix, directory=args.out))
     print(appendix)
 
 

@@ -4,14 +4,14 @@ byte-level reading and SMC runs, timed the way the smc_jax side is.
 
 Everything GenLM is imported inside the functions, so the smc_jax side runs (and this module
 imports) without the `genlm` extra; `settings` is `compare_genlm.Settings` (beam_width,
-prune_threshold, runs, particles, ess_threshold, max_tokens).
+prune_threshold, runs, particles, ess_threshold, max_tokens). Torch's thread count is left at
+torch's default unless `GenLM(torch_threads=N)` asks for N.
 """
 
 from __future__ import annotations
 
 import asyncio
 import math
-import statistics
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -57,6 +57,10 @@ class GenLM:
         self.llms: dict[str, Any] = {}
         self.logs: dict[str, ForwardLog] = {}
 
+    def threads(self) -> dict[str, int]:
+        """The torch thread counts in use (intra-op and inter-op)."""
+        return {"torch_threads": self.torch.get_num_threads(), "torch_interop_threads": self.torch.get_num_interop_threads()}
+
     def llm(self, model: LanguageModel) -> Any:
         if model.name not in self.llms:
             from genlm.backend.llm import AsyncTransformer
@@ -68,12 +72,16 @@ class GenLM:
             self.logs[model.name] = ForwardLog(self.llms[model.name])
         return self.llms[model.name]
 
+    def eos_byte_strings(self, model: LanguageModel) -> list[bytes]:
+        """The byte strings of smc_jax's EOS ids in GenLM's byte vocabulary (both sides end at the same tokens)."""
+        vocab = self.llm(model).byte_vocab
+        return [vocab[i].byte_string for i in model.tokenizer.eos_token_ids]
+
     def beam_params(self, model: LanguageModel, settings: Any) -> Any:
         from genlm.bytes import BeamParams
 
-        vocab = self.llm(model).byte_vocab
-        eos = [vocab[i].byte_string for i in model.tokenizer.eos_token_ids]
-        return BeamParams(K=settings.beam_width, prune_threshold=settings.prune_threshold, eos_byte_strings=eos)
+        return BeamParams(K=settings.beam_width, prune_threshold=settings.prune_threshold,
+                          eos_byte_strings=self.eos_byte_strings(model))
 
     def reset(self, seed: int | None = None) -> None:
         """Empty the model-output caches and forward logs; seed GenLM's random draws."""
@@ -89,8 +97,9 @@ class GenLM:
 
 
 def genlm_text(genlm: GenLM, model: LanguageModel, settings: Any, text: bytes, prompt: str) -> dict[str, Any]:
-    """(a) GenLM: distributions along `text` after `prompt` ([len + 1, 258]: bytes, EOT, EOS),
-    time and calls."""
+    """(a) GenLM: next-byte distributions along `text` after `prompt` ([len + 1, 258]: bytes, EOT,
+    EOS), times and calls. The beam after the prompt is built once (untimed, as smc_jax's start
+    state); each run empties the model-output cache and reads `text` from it."""
     from genlm.bytes import AsyncTokenByteTrie, ByteBeamState, LazyTrieState
     from genlm.bytes.trie import TrieMode
 
@@ -98,9 +107,7 @@ def genlm_text(genlm: GenLM, model: LanguageModel, settings: Any, text: bytes, p
     params = genlm.beam_params(model, settings)
     trie = AsyncTokenByteTrie.from_vocab(llm.byte_vocab, eos_byte_strings=params.eos_byte_strings)
 
-    async def read() -> np.ndarray:
-        state = await LazyTrieState.initial(llm, trie, mode=TrieMode.WITH_EOS).materialize()
-        beam = await ByteBeamState([state], params).prefill(prompt.encode())
+    async def read(beam: Any) -> np.ndarray:
         rows = []
         for byte in text:
             rows.append(np.asarray((await beam.logp_next()).ps))
@@ -109,11 +116,14 @@ def genlm_text(genlm: GenLM, model: LanguageModel, settings: Any, text: bytes, p
         return np.stack(rows)
 
     async def runs() -> dict[str, Any]:
+        genlm.reset()
+        state = await LazyTrieState.initial(llm, trie, mode=TrieMode.WITH_EOS).materialize()
+        start_beam = await ByteBeamState([state], params).prefill(prompt.encode())
         times, calls = [], []
         for run in range(settings.runs + 1):  # the first is the warm-up
             genlm.reset()
             start = time.perf_counter()
-            logps = await read()
+            logps = await read(start_beam)
             if run:
                 times.append(time.perf_counter() - start)
                 calls.append(genlm.forward_calls())
@@ -123,49 +133,101 @@ def genlm_text(genlm: GenLM, model: LanguageModel, settings: Any, text: bytes, p
     return asyncio.run(runs())
 
 
-def genlm_smc(genlm: GenLM, potentials: Callable[[], list[Any]], settings: Any, warmup_seed: int) -> dict[str, Any]:
+def generated_length(context: Sequence[Any]) -> int:
+    """Symbols a GenLM particle generated (its closing EOS not counted)."""
+    from genlm.control.constant import EOS
+
+    return len(context) - (1 if context and context[-1] is EOS else 0)
+
+
+def genlm_smc(genlm: GenLM, potentials: Callable[[], list[Any]], settings: Any, warmup_seed: int,
+              fixed_length: int | None = None) -> dict[str, Any]:
     """(b) GenLM: direct_token_sampler(Product(p1, p2)).smc(...) with seeds 0, 1, ... after a
-    warm-up run with `warmup_seed`; the prompt is read once first (timed apart)."""
+    warm-up run with `warmup_seed`; the prompts are read once first (timed apart).
+
+    With `fixed_length` = L, every particle generates exactly L symbols: the product gets a
+    factor that gives EOS weight 0 (`no_eos`) and `terminate_when` closes a particle at L with no
+    EOS factor, so the target is p1(x) p2(x) over the strings of L symbols (prefix probabilities).
+    Otherwise the particles end at EOS or at max_tokens (which counts the forced EOS)."""
     from genlm.control import direct_token_sampler
     from genlm.control.potential import Product
 
     async def runs() -> dict[str, Any]:
         p1, p2 = potentials()
         product = Product(p1, p2)
+        max_tokens, terminate_when = settings.max_tokens, None
+        if fixed_length is not None:
+            product = Product(product, no_eos(product))
+            max_tokens = fixed_length + 1  # never reached: terminate_when closes the particle at L
+            terminate_when = lambda context: len(context) >= fixed_length  # noqa: E731
         sampler = direct_token_sampler(product)
+
+        async def read_prompts() -> None:
+            await p1.logw_next([])  # ByteLLM keeps the beam after its prompt; PromptedLLM its logits
+            await p2.logw_next([])
+
         genlm.reset()
         start = time.perf_counter()
-        await product.logw_next([])  # reads the prompts (ByteLLM keeps the beam after its prompt)
+        await read_prompts()
         prompt_s, prompt_calls = time.perf_counter() - start, len(genlm.forward_calls())
-        times, calls, steps, zero_weight = [], [], [], 0
+        times, calls, lengths, zero_weight = [], [], [], 0
         for seed in [warmup_seed, *range(settings.runs)]:
             genlm.reset(seed)
             for p in (p1, p2):
                 await p.cleanup()  # ByteLLM: empties its beam cache, keeps the prompt's beam
+            await read_prompts()  # the prompts' own outputs back in the emptied cache (untimed)
+            for log in genlm.logs.values():
+                log.calls.clear()
             start = time.perf_counter()
             sequences = await sampler.smc(n_particles=settings.particles, ess_threshold=settings.ess_threshold,
-                                          max_tokens=settings.max_tokens, resampling_method="multinomial")
+                                          max_tokens=max_tokens, resampling_method="multinomial",
+                                          terminate_when=terminate_when)
             if seed != warmup_seed:
                 times.append(time.perf_counter() - start)
                 calls.append(genlm.forward_calls())
-                steps.append(max(len(context) for context in sequences.contexts))
+                lengths.append([generated_length(context) for context in sequences.contexts])
                 zero_weight += sequences.log_ml == -math.inf
         for p in (p1, p2):
             await p.cleanup()
-        return {"prompt_s": prompt_s, "prompt_calls": prompt_calls, "steps": statistics.median(steps),
-                "zero_weight_runs": zero_weight, **summarize_genlm(times, calls)}
+        return {"prompt_s": prompt_s, "prompt_calls": prompt_calls, "lengths": lengths,
+                "zero_weight_runs": int(zero_weight), **summarize_genlm(times, calls)}
 
     return asyncio.run(runs())
 
 
+def no_eos(like: Any) -> Any:
+    """A GenLM potential over `like`'s vocabulary that is 1 on every token and 0 on EOS (log: 0 and
+    -inf), computed as one array per batch: multiplied into a product it forbids ending."""
+    from genlm.control.potential import Potential
+
+    class NoEOS(Potential):
+        async def prefix(self, context):
+            return 0.0
+
+        async def complete(self, context):
+            return -math.inf
+
+        async def logw_next(self, context):
+            return self.make_lazy_weights(self._rows(1)[0])
+
+        async def batch_logw_next(self, contexts):
+            return self.make_lazy_weights(self._rows(len(contexts)))
+
+        def _rows(self, n: int) -> np.ndarray:
+            rows = self.alloc_rows(n, 0.0)
+            rows[:, -1] = -math.inf
+            return rows
+
+    return NoEOS(like.vocab, tables=like.tables)
+
+
 def summarize_genlm(times: list[float], calls: list[list[tuple[int, int, float]]]) -> dict[str, Any]:
-    """Medians over runs of wall time, forward calls and forward seconds; means per call."""
+    """Per run: wall time, forward calls and forward seconds; means per call over all runs."""
     flat = [c for run in calls for c in run]
     return {
-        "seconds": statistics.median(times), "times": times,
-        "calls": statistics.median(len(run) for run in calls),
+        "times": times,
         "calls_per_run": [len(run) for run in calls],
-        "forward_s": statistics.median(sum(c[2] for c in run) for run in calls),
+        "forward_s_per_run": [sum(c[2] for c in run) for run in calls],
         "rows_per_call": float(np.mean([c[0] for c in flat])) if flat else 0.0,
         "tokens_per_row": float(np.mean([c[1] for c in flat])) if flat else 0.0,
         "seconds_per_call": float(np.mean([c[2] for c in flat])) if flat else 0.0,
@@ -190,11 +252,8 @@ def token_potentials(genlm: GenLM, experts: Sequence[Expert]) -> Callable[[], li
     from genlm.control import PromptedLLM
 
     def make() -> list[Any]:
-        out = []
-        for e in experts:
-            vocab = genlm.llm(e.model).byte_vocab
-            eos = [vocab[i].byte_string for i in e.model.tokenizer.eos_token_ids]
-            out.append(PromptedLLM(genlm.llm(e.model), prompt_ids=e.prompt_ids(), eos_byte_strings=eos))
-        return out
+        return [PromptedLLM(genlm.llm(e.model), prompt_ids=e.prompt_ids(), eos_byte_strings=genlm.eos_byte_strings(e.model))
+                for e in expert_list]
 
+    expert_list = list(experts)
     return make

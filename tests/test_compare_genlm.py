@@ -1,0 +1,79 @@
+"""benchmarks.compare_genlm's statistics, command line and fixed-length target (no GenLM, no real model)."""
+
+import math
+
+import jax
+import numpy as np
+import pytest
+from scipy import stats as scipy_stats
+
+from benchmarks.compare_genlm import (
+    DEFAULT_RUNS,
+    PREFIX_PRODUCT,
+    WORKLOADS,
+    mean_interval,
+    parse_args,
+    ratio_interval,
+)
+from smc_jax.smc import SMC
+
+
+def test_mean_interval_is_the_t_interval():
+    values = [2.0, 2.5, 3.0, 3.5]
+    iv = mean_interval(values)
+    half = scipy_stats.t.ppf(0.975, 3) * np.std(values, ddof=1) / 2
+    assert iv.mean == pytest.approx(2.75) and iv.half_width == pytest.approx(half) and iv.n == 4
+    assert math.isnan(mean_interval([1.0]).half_width)
+
+
+def test_ratio_interval_brackets_the_ratio_of_means():
+    rng = np.random.default_rng(1)
+    genlm, ours = 7.0 + rng.normal(0, 0.5, 12), 3.0 + rng.normal(0, 0.2, 12)
+    r = ratio_interval(genlm, ours)
+    assert r.value == pytest.approx(genlm.mean() / ours.mean())
+    assert r.low < r.value < r.high and 1.8 < r.low and r.high < 2.9
+    assert ratio_interval(genlm, ours) == r  # fixed resampling seed: reproducible
+    # constant runs: the interval collapses onto the ratio
+    flat = ratio_interval([6.0] * 5, [3.0] * 4)
+    assert flat.low == pytest.approx(2.0) and flat.high == pytest.approx(2.0)
+    # a wider spread gives a wider interval
+    wide = ratio_interval(7.0 + rng.normal(0, 2.0, 12), ours)
+    assert wide.high - wide.low > r.high - r.low
+
+
+def test_ratio_interval_without_enough_runs():
+    one = ratio_interval([4.0], [2.0, 2.2])
+    assert one.value == pytest.approx(4.0 / 2.1) and math.isnan(one.low) and math.isnan(one.high)
+    assert one.format() == f"{4.0 / 2.1:.2f}"
+    assert math.isnan(ratio_interval([], [1.0]).value) and ratio_interval([], [1.0]).format() == "n/a"
+    assert ratio_interval([6.0, 6.0], [3.0, 3.0]).format() == "2.00 [2.00, 2.00]"
+
+
+def test_cli_defaults_and_options():
+    args = parse_args([])
+    assert args.runs == DEFAULT_RUNS == 12 and args.workloads == list(WORKLOADS)
+    assert args.torch_threads is None  # GenLM's torch keeps its default thread count
+    assert not args.skip_genlm and args.max_tokens == 40 and args.particles == 10
+    args = parse_args(["--workloads", "token-prompts", "smc-models", "--runs", "2", "--skip-genlm",
+                       "--torch-threads", "1", "--name", "x", "--out", "/tmp/somewhere"])
+    assert args.workloads == ["token-prompts", "smc-models"] and args.runs == 2 and args.skip_genlm
+    assert args.torch_threads == 1 and args.name == "x" and str(args.out) == "/tmp/somewhere"
+
+
+@pytest.mark.parametrize("argv", [["--workloads", "nope"], ["--runs", "0"], ["--torch-threads", "0"],
+                                  ["--max-tokens", "0"], ["--runs", "x"]])
+def test_cli_rejects_bad_arguments(argv, capsys):
+    with pytest.raises(SystemExit):
+        parse_args(argv)
+
+
+def test_prefix_product_generates_exactly_max_length(ngram_experts):
+    """The token workload's target: EOS is never proposed, every particle stops unfinished at L,
+    and its weight is P1(x) P2(x) / q(x) (no EOS factor)."""
+    smc = SMC(num_particles=16, max_length=6, ess_threshold=0.0, at_max_length="truncate")
+    res = smc(jax.random.key(3), list(ngram_experts), PREFIX_PRODUCT)
+    assert (np.asarray(res.lengths) == 6).all() and not np.asarray(res.finished).any()
+    assert np.isfinite(res.log_weights).all()
+    # importance sampling: the weight is psi(x) / q(x) = P1(x) P2(x) / q(x) >= P1(x) P2(x)
+    log_p = np.asarray(res.expert_logprobs).sum(axis=1)
+    assert (np.asarray(res.log_weights) >= log_p - 1e-4).all()  # q(x) <= 1
