@@ -234,7 +234,11 @@ def compare(args: argparse.Namespace) -> None:
                                   "context": repr(piece[max(0, i - 12):i + 4]), "ours": float(x.conditionals[i]),
                                   "genlm": float(y["cond"][i]), "abs_diff": float(abs(x.conditionals[i] - y["cond"][i]))
                                   if np.isfinite(x.conditionals[i]) and np.isfinite(y["cond"][i]) else float("inf")})
-    worst.sort(key=lambda r: -r["abs_diff"])
+        save_comparison(args, rows, worst)  # after every model: a cut-off run keeps the models done
+
+
+def save_comparison(args: argparse.Namespace, rows: list[dict], worst: list[dict]) -> None:
+    worst = sorted(worst, key=lambda r: -r["abs_diff"])
     columns = ["model", "text", "bytes", "ours_zero_bytes", "genlm_zero_bytes", "ours_heals", "genlm_heals",
                "max_abs_diff", "mean_abs_diff", "above_tol", "sum_ours", "sum_genlm", "sum_diff",
                "prefix_ours", "prefix_genlm", "prefix_diff", "genlm_s", "ours_s"]
@@ -253,7 +257,8 @@ def compare(args: argparse.Namespace) -> None:
         f"after such a byte; smc_jax gives it the healed path's probability). Seconds: measured under load "
         f"(shared machine), GenLM with torch threads = {args.torch_threads}."
     )
-    print(save("bench_healing_genlm", rows, columns,
+    name = "bench_healing_genlm" if len(args.models) > 1 else f"bench_healing_genlm_{args.models[0].split('-')[0]}"
+    print(save(name, rows, columns,
                {"chunk": args.chunk, "bytes_per_kind": args.genlm_bytes, "tolerance": TOLERANCE}, notes, appendix))
 
 
