@@ -231,7 +231,7 @@ def compare(args: argparse.Namespace) -> None:
                 nonfinite = np.flatnonzero(np.isfinite(x.conditionals) != np.isfinite(y["cond"]))
                 for i in [*np.argsort(-d)[:3], *nonfinite[:3]]:
                     worst.append({"model": name, "text": kind, "position": int(i), "byte": repr(piece[i:i + 1]),
-                                  "context": repr(piece[max(0, i - 12):i + 4]), "ours": float(x.conditionals[i]),
+                                  "context": repr(piece[max(0, i - 12):i + 4]).replace("|", "\\|"), "ours": float(x.conditionals[i]),
                                   "genlm": float(y["cond"][i]), "abs_diff": float(abs(x.conditionals[i] - y["cond"][i]))
                                   if np.isfinite(x.conditionals[i]) and np.isfinite(y["cond"][i]) else float("inf")})
         save_comparison(args, rows, worst)  # after every model: a cut-off run keeps the models done
@@ -266,10 +266,16 @@ def save_comparison(args: argparse.Namespace, rows: list[dict], worst: list[dict
 
 
 def smc(args: argparse.Namespace) -> None:
+    if args.smc_rows:  # re-summarize the rows a cut-off run printed (one dict per line)
+        import ast
+
+        lines = Path(args.smc_rows).read_text().splitlines()
+        rows = [r for r in (ast.literal_eval(x) for x in lines if x.startswith("{'f': ")) if r["f"] in args.fs]
+        return save_smc(args, rows)
     smollm2, gemma3 = load_model("smollm2-135m-instruct"), load_model("gemma3-270m")
     experts = (Expert(smollm2, SMC_PROMPT), Expert(gemma3, SMC_PROMPT))
     rows = []
-    for f in ("min", "product"):
+    for f in args.fs:
         for heal in (False, True):
             sampler = EnsembleSampler(experts=experts, f=f, level="byte", num_particles=args.particles,
                                       max_length=args.max_length, heal=heal)
@@ -285,10 +291,16 @@ def smc(args: argparse.Namespace) -> None:
                     "seconds": time.perf_counter() - start,
                 })
                 print(rows[-1], flush=True)
+    save_smc(args, rows)
+
+
+def save_smc(args: argparse.Namespace, rows: list[dict]) -> None:
     summary = []
-    for f in ("min", "product"):
+    for f in args.fs:
         for heal in (False, True):
             sel = [r for r in rows if r["f"] == f and r["heal"] == heal]
+            if not sel:
+                continue
             logz = [r["log_Z"] for r in sel]
             finite = [z for z in logz if np.isfinite(z)]
             summary.append({
@@ -313,7 +325,8 @@ def smc(args: argparse.Namespace) -> None:
         f"is finite. Seconds (per run, first run of a setting includes compilation) measured under load "
         f"(shared machine)."
     )
-    print(save("bench_healing_smc", summary, ["f", "heal", "runs", "dead_final", "dead_particle_steps", "particle_steps",
+    name = "bench_healing_smc" if len(args.fs) > 1 else f"bench_healing_smc_{args.fs[0]}"
+    print(save(name, summary, ["f", "heal", "runs", "dead_final", "dead_particle_steps", "particle_steps",
                                               "zero_weight_runs", "heals", "log_Z_mean_finite", "log_Z_per_seed"],
                {"particles": args.particles, "max_length": args.max_length, "seeds": args.seeds, "prompt": SMC_PROMPT},
                notes, appendix))
@@ -332,6 +345,8 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=4)
     parser.add_argument("--particles", type=int, default=10)
     parser.add_argument("--max-length", type=int, default=40)
+    parser.add_argument("--fs", nargs="+", choices=["min", "product"], default=["min", "product"], help="smc: ensembles")
+    parser.add_argument("--smc-rows", help="smc: summarize the per-run rows printed by an earlier run (its log)")
     args = parser.parse_args()
     if "genlm" in args.part and not HAS_GENLM:
         raise SystemExit("genlm-bytes is not installed: pip install -e '.[genlm]'")
