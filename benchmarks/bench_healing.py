@@ -328,7 +328,8 @@ def save_smc(args: argparse.Namespace, rows: list[dict]) -> None:
     name = "bench_healing_smc" if len(args.fs) > 1 else f"bench_healing_smc_{args.fs[0]}"
     print(save(name, summary, ["f", "heal", "runs", "dead_final", "dead_particle_steps", "particle_steps",
                                               "zero_weight_runs", "heals", "log_Z_mean_finite", "log_Z_per_seed"],
-               {"particles": args.particles, "max_length": args.max_length, "seeds": args.seeds, "prompt": SMC_PROMPT},
+               {"particles": args.particles, "max_length": args.max_length, "seeds": args.seeds, "prompt": SMC_PROMPT,
+                **({"rows_from": "per-run rows printed by a run stopped after these settings"} if args.smc_rows else {})},
                notes, appendix))
 
 
