@@ -5,9 +5,11 @@ slice of a fixed English text byte by byte through a beam over tokenizations (be
 10; relative prune threshold 0.05), computing the next-byte distribution after every byte. One
 jitted scan per setting; the median of repeated runs after a warm-up (compilation excluded and
 reported separately). Reports bytes/s (M * T / seconds), model calls per byte (sequential
-batched calls / T) and rows per call. Writes benchmarks/results/bench_bytes.{json,md}.
+batched calls / T) and rows per call. Every setting runs with token healing on and off
+(`--heal on off`, side by side: the cost of healing), reporting the bytes healed and the
+bytes whose conditional is 0 (-inf). Writes benchmarks/results/bench_bytes.{json,md}.
 
-Run: python -m benchmarks.bench_bytes [--bytes 64] [--repeats 3]
+Run: python -m benchmarks.bench_bytes [--bytes 64] [--repeats 3] [--heal on off]
 """
 
 from __future__ import annotations
@@ -61,14 +63,17 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--widths", type=int, nargs="+", default=[1, 5, 10])
     parser.add_argument("--sequences", type=int, nargs="+", default=[1, 10])
+    parser.add_argument("--heal", nargs="+", choices=["on", "off"], default=["on", "off"], help="token healing")
+    parser.add_argument("--models", nargs="+", default=list(MODELS))
+    parser.add_argument("--output", default="bench_bytes", help="results name (benchmarks/results/<output>.md)")
     args = parser.parse_args()
     rows = []
-    settings = [(m, w, s) for m in MODELS for s in args.sequences for w in args.widths]
+    settings = [(m, w, s, h == "on") for m in args.models for s in args.sequences for w in args.widths for h in args.heal]
     models = {}
-    for name, width, seqs in tqdm(settings, desc="settings"):
+    for name, width, seqs, heal in tqdm(settings, desc="settings"):
         model = models.setdefault(name, load_model(name))
         sampler = EnsembleSampler(experts=(Expert(model, PROMPT),), level="byte", num_particles=seqs,
-                                  max_length=args.bytes, beam_width=width, prune_threshold=0.05)
+                                  max_length=args.bytes, beam_width=width, prune_threshold=0.05, heal=heal)
         data = np.stack([np.frombuffer(TEXT[i * 7 : i * 7 + args.bytes], np.uint8) for i in range(seqs)]).astype(np.int32)
         data = jnp.asarray(data)
         read = reader(seqs)
@@ -90,18 +95,23 @@ def main() -> None:
         # A narrow beam can lose every tokenization that continues the fixed text (the sampler
         # never hits this: it samples bytes the beam can produce); count such bytes.
         zero_bytes = int((~np.isfinite(read_logps)).sum())
+        # Bytes healed (a back-off into a token; `smc_jax.bytes.healing`), over the sequences.
+        heals = int(np.asarray(state.beams.heals).sum())
         rows.append({
-            "model": name, "sequences": seqs, "beam_width": width, "bytes": args.bytes,
+            "model": name, "sequences": seqs, "beam_width": width, "heal": heal, "heals": heals, "bytes": args.bytes,
             "bytes_per_s": seqs * args.bytes / seconds, "seconds": seconds, "compile_s": compile_s,
             "calls_per_byte": stats["model_calls"] / args.bytes,
             "rows_per_call": stats["rows_needed"] / max(stats["model_calls"], 1),
             "store_scale": sampler.capacity_scale, "zero_prob_bytes": zero_bytes,
         })
-    columns = ["model", "sequences", "beam_width", "bytes_per_s", "calls_per_byte", "rows_per_call", "seconds", "compile_s",
-               "zero_prob_bytes"]
-    table = save("bench_bytes", rows, columns, {"bytes": args.bytes, "repeats": args.repeats, "prune_threshold": 0.05,
+    columns = ["model", "sequences", "beam_width", "heal", "bytes_per_s", "calls_per_byte", "rows_per_call", "seconds", "compile_s",
+               "zero_prob_bytes", "heals"]
+    table = save(args.output, rows, columns, {"bytes": args.bytes, "repeats": args.repeats, "prune_threshold": 0.05,
                                                 "prompt": PROMPT},
-                 notes="Next-byte distributions along a fixed text (teacher forcing), float32 on CPU.")
+                 notes="Next-byte distributions along a fixed text (teacher forcing), float32 on CPU, token "
+                       "healing on and off for every setting (heals: bytes healed, summed over the sequences; "
+                       "zero_prob_bytes: bytes the next-byte distribution before them gave 0, healed ones included). Timings measured under load "
+                       "(shared 2-core machine): compare heal on/off within a pair of rows, not across runs.")
     print(table)
 
 

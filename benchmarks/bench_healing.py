@@ -5,17 +5,32 @@ from this package, JSON from a results file, and non-ASCII prose: accents, CJK, 
 default beam (width 5, threshold 0.05), teacher-forced in chunks of CHUNK bytes after an empty
 prompt (BOS), with healing off and on (`smc_jax.ByteScorer`, heal=False / True). Reports, per
 model and kind of text: the bytes whose conditional is 0 (log-probability -inf), the bytes
-healing needed (a back-off) and the total log-probability (finite sums only). GenLM
-(genlm-bytes) is not installed here, so no comparison with its heal=True log-probabilities.
+healing needed (a back-off) and the total log-probability (finite sums only).
 Writes benchmarks/results/bench_healing.{json,md}.
 
-Run: python benchmarks/bench_healing.py [--models smollm2-135m-instruct gemma3-270m] [--chunk 256]
+--part genlm (on by default when genlm-bytes is importable: --part scoring genlm): the first
+--genlm-bytes bytes of every kind of text, in the same chunks, read by smc_jax (`ByteScorer`,
+heal=True) and by genlm-bytes' `ByteBeamState` with heal=True at the same settings (beam width
+5, prune threshold 0.05, back-off limit heal_max_backoff = smc_jax's J; GenLM's models built by
+`benchmarks.genlm_side.GenLM` on the same GGUF weights and smc_jax's tokenizer): per-byte
+conditional log-probabilities (GenLM: `logp_next()` before the byte, then `prune() << byte`)
+and the prefix log-probability of each chunk (GenLM: the beam's logZ after the last byte;
+smc_jax: `ByteLogprob.prefix`). Differences against TOLERANCE. Writes bench_healing_genlm.
+
+--part smc: byte-level SMC for f=min and f=product of SmolLM2 x Gemma 3 (one prompt, M=10,
+--seeds seeds, --max-length bytes), heal on and off: dead particles (log weight -inf) at the
+end and over the steps, bytes healed, log Z-hat. Writes bench_healing_smc.
+
+Run: python benchmarks/bench_healing.py [--part scoring genlm smc] [--models ...] [--chunk 256]
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import importlib.util
 import json
+import math
 import os
 import sys
 import time
@@ -29,6 +44,13 @@ import numpy as np  # noqa: E402
 
 from benchmarks.common import save  # noqa: E402
 from smc_jax import ByteScorer, load_model  # noqa: E402
+from smc_jax.api import EnsembleSampler, Expert  # noqa: E402
+from smc_jax.settings import DEFAULTS  # noqa: E402
+
+#: Per-byte agreement with genlm-bytes (nats): |ours - GenLM| of a byte's conditional log-prob.
+TOLERANCE = 1e-2
+SMC_PROMPT = "My favorite physicist is"
+HAS_GENLM = importlib.util.find_spec("genlm") is not None and importlib.util.find_spec("genlm.bytes") is not None
 
 NON_ASCII = (
     "Le cœur a ses raisons que la raison ne connaît point. Über den Wolken muss die Freiheit wohl "
@@ -64,12 +86,7 @@ def chunks(data: bytes, size: int) -> list[bytes]:
     return out
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--models", nargs="+", default=["smollm2-135m-instruct", "gemma3-270m"])
-    parser.add_argument("--chunk", type=int, default=256)
-    parser.add_argument("--batch", type=int, default=8)
-    args = parser.parse_args()
+def scoring(args: argparse.Namespace) -> None:
     corpus = texts()
     rows = []
     for name in args.models:
@@ -104,11 +121,238 @@ def main() -> None:
         "Teacher-forced bytes at probability 0 (conditional -inf) with the default beam (width 5, "
         "threshold 0.05), token healing off and on. healed_bytes: bytes that emptied the beam and "
         "were rescued by backing off into a token (smc_jax.bytes.healing). Seconds include "
-        "compilation (one program per model and setting, shared by the texts). genlm-bytes is not "
-        "installed in this environment: no comparison with its heal=True log-probabilities."
+        "compilation (one program per model and setting, shared by the texts). The comparison with "
+        "genlm-bytes' heal=True log-probabilities is bench_healing_genlm (--part genlm)."
     )
     name = "bench_healing" if len(args.models) > 1 else f"bench_healing_{args.models[0].split('-')[0]}"
     print(save(name, rows, columns, {"chunk": args.chunk, "batch": args.batch, "beam": "width 5, threshold 0.05"}, notes))
+
+
+# --------------------------------------------------------------------------------- GenLM part
+
+
+def genlm_read(genlm, model, settings, pieces: list[bytes]) -> list[dict]:
+    """genlm-bytes, heal=True: each piece read from BOS (a fresh `ByteBeamState`), as
+    `genlm_side.genlm_text` reads its text (logp_next, then prune() << byte), with smc_jax's
+    back-off limit. Per piece: the conditionals ([len]), logZ after the last byte, heals, seconds."""
+    from genlm.bytes import AsyncTokenByteTrie, ByteBeamState, LazyTrieState
+    from genlm.bytes.trie import TrieMode
+
+    llm = genlm.llm(model)
+    params = genlm.beam_params(model, settings)
+    params.heal, params.heal_max_backoff = True, settings.heal_max_backoff
+    trie = AsyncTokenByteTrie.from_vocab(llm.byte_vocab, eos_byte_strings=params.eos_byte_strings)
+
+    async def read(piece: bytes) -> dict:
+        start = time.perf_counter()
+        beam = ByteBeamState([await LazyTrieState.initial(llm, trie, mode=TrieMode.WITH_EOS).materialize()], params)
+        start_logz, cond, healed_before = beam.logZ, [], heals[0]
+        for byte in piece:
+            cond.append(float((await beam.logp_next()).ps[byte]))
+            beam = await (beam.prune() << byte)
+            if len(beam) == 0:  # healing failed too: the rest of the piece is unreachable
+                break
+        cond += [-math.inf] * (len(piece) - len(cond))
+        logz = beam.logZ if len(beam) else -math.inf
+        return {"cond": np.asarray(cond), "prefix": float(logz - start_logz), "heals": heals[0] - healed_before,
+                "seconds": time.perf_counter() - start}
+
+    # Count GenLM's successful heals by wrapping its healing step (restored afterwards).
+    heals = [0]
+    adaptive_heal = ByteBeamState._adaptive_heal
+
+    async def counted(self, next_byte):
+        healed = await adaptive_heal(self, next_byte)
+        heals[0] += healed is not None
+        return healed
+
+    async def run() -> list[dict]:
+        out = []
+        for piece in pieces:
+            genlm.reset()
+            out.append(await read(piece))
+        await trie.cleanup()
+        return out
+
+    ByteBeamState._adaptive_heal = counted
+    try:
+        return asyncio.run(run())
+    finally:
+        ByteBeamState._adaptive_heal = adaptive_heal
+
+
+def compare(args: argparse.Namespace) -> None:
+    from types import SimpleNamespace
+
+    from benchmarks.genlm_side import GenLM
+
+    corpus = {kind: data[: args.genlm_bytes] for kind, data in texts().items()}
+    genlm = GenLM(torch_threads=args.torch_threads)
+    rows, worst = [], []
+    for name in args.models:
+        model = load_model(name)
+        scorer = ByteScorer(model, heal=True)
+        settings = SimpleNamespace(beam_width=scorer.beam.width, prune_threshold=scorer.beam.threshold,
+                                   heal_max_backoff=scorer.beam.heal_max_backoff)
+        pieces = {kind: chunks(data, args.chunk) for kind, data in corpus.items()}
+        flat = [(kind, piece) for kind, ps in pieces.items() for piece in ps]
+        start = time.perf_counter()
+        ours = scorer.batch([("", piece) for _, piece in flat], batch_size=len(flat))
+        ours_s = time.perf_counter() - start
+        theirs = genlm_read(genlm, model, settings, [piece for _, piece in flat])
+        per_kind: dict[str, list] = {}
+        for (kind, piece), a, b in zip(flat, ours, theirs):
+            per_kind.setdefault(kind, []).append((piece, a, b))
+        for kind in [*pieces, "all"]:
+            sel = [x for k in pieces for x in per_kind[k]] if kind == "all" else per_kind[kind]
+            a = np.concatenate([x[1].conditionals for x in sel])
+            b = np.concatenate([x[2]["cond"] for x in sel])
+            both = np.isfinite(a) & np.isfinite(b)
+            diff = np.abs(a - b)[both]
+            prefix_a = sum(x[1].prefix for x in sel)
+            prefix_b = sum(x[2]["prefix"] for x in sel)
+            rows.append({
+                "model": name, "text": kind, "bytes": int(a.size),
+                "ours_zero_bytes": int((~np.isfinite(a)).sum()), "genlm_zero_bytes": int((~np.isfinite(b)).sum()),
+                "ours_heals": sum(x[1].healed for x in sel), "genlm_heals": sum(x[2]["heals"] for x in sel),
+                "max_abs_diff": float(diff.max()) if diff.size else float("nan"),
+                "mean_abs_diff": float(diff.mean()) if diff.size else float("nan"),
+                "above_tol": int((diff > TOLERANCE).sum()),
+                "sum_ours": float(a[both].sum()), "sum_genlm": float(b[both].sum()),
+                "sum_diff": float(a[both].sum() - b[both].sum()),
+                "prefix_ours": prefix_a, "prefix_genlm": prefix_b, "prefix_diff": prefix_a - prefix_b,
+                "genlm_s": sum(x[2]["seconds"] for x in sel), "ours_s": ours_s if kind == "all" else "",
+            })
+            print(rows[-1], flush=True)
+            if kind == "all":
+                continue
+            for piece, x, y in sel:  # the largest differences, with the bytes around them
+                d = np.where(np.isfinite(x.conditionals) & np.isfinite(y["cond"]), np.abs(x.conditionals - y["cond"]), -1.0)
+                nonfinite = np.flatnonzero(np.isfinite(x.conditionals) != np.isfinite(y["cond"]))
+                for i in [*np.argsort(-d)[:3], *nonfinite[:3]]:
+                    worst.append({"model": name, "text": kind, "position": int(i), "byte": repr(piece[i:i + 1]),
+                                  "context": repr(piece[max(0, i - 12):i + 4]).replace("|", "\\|"), "ours": float(x.conditionals[i]),
+                                  "genlm": float(y["cond"][i]), "abs_diff": float(abs(x.conditionals[i] - y["cond"][i]))
+                                  if np.isfinite(x.conditionals[i]) and np.isfinite(y["cond"][i]) else float("inf")})
+        save_comparison(args, rows, worst)  # after every model: a cut-off run keeps the models done
+
+
+def save_comparison(args: argparse.Namespace, rows: list[dict], worst: list[dict]) -> None:
+    worst = sorted(worst, key=lambda r: -r["abs_diff"])
+    columns = ["model", "text", "bytes", "ours_zero_bytes", "genlm_zero_bytes", "ours_heals", "genlm_heals",
+               "max_abs_diff", "mean_abs_diff", "above_tol", "sum_ours", "sum_genlm", "sum_diff",
+               "prefix_ours", "prefix_genlm", "prefix_diff", "genlm_s", "ours_s"]
+    from benchmarks.common import markdown_table
+
+    appendix = "## Largest per-byte differences (and bytes finite on one side only)\n\n" + markdown_table(
+        worst[: args.worst], ["model", "text", "position", "byte", "context", "ours", "genlm", "abs_diff"])
+    notes = (
+        f"smc_jax (ByteScorer, heal=True) against genlm-bytes (ByteBeamState, heal=True), the same text "
+        f"chunks read from BOS at equal settings (beam width 5, prune threshold 0.05, back-off limit "
+        f"{DEFAULTS.replace(level='byte').beam().heal_max_backoff} bytes). Per-byte differences |ours - GenLM| of "
+        f"the conditional log-probabilities, over bytes finite on both sides; tolerance {TOLERANCE} nats "
+        f"(above_tol: bytes over it). sum_*: the conditionals' sums over those bytes; prefix_*: the "
+        f"log-probability of each chunk from the beams' total weights (GenLM: logZ after the last byte), "
+        f"summed over the chunks. genlm_zero_bytes: bytes GenLM's logp_next gives 0 (GenLM heals the beam "
+        f"after such a byte; smc_jax gives it the healed path's probability). Seconds: measured under load "
+        f"(shared machine), GenLM with torch threads = {args.torch_threads}."
+    )
+    name = "bench_healing_genlm" if len(args.models) > 1 else f"bench_healing_genlm_{args.models[0].split('-')[0]}"
+    print(save(name, rows, columns,
+               {"chunk": args.chunk, "bytes_per_kind": args.genlm_bytes, "tolerance": TOLERANCE}, notes, appendix))
+
+
+# ----------------------------------------------------------------------------------- SMC part
+
+
+def smc(args: argparse.Namespace) -> None:
+    if args.smc_rows:  # re-summarize the rows a cut-off run printed (one dict per line)
+        import ast
+
+        lines = Path(args.smc_rows).read_text().splitlines()
+        rows = [r for r in (ast.literal_eval(x) for x in lines if x.startswith("{'f': ")) if r["f"] in args.fs]
+        return save_smc(args, rows)
+    smollm2, gemma3 = load_model("smollm2-135m-instruct"), load_model("gemma3-270m")
+    experts = (Expert(smollm2, SMC_PROMPT), Expert(gemma3, SMC_PROMPT))
+    rows = []
+    for f in args.fs:
+        for heal in (False, True):
+            sampler = EnsembleSampler(experts=experts, f=f, level="byte", num_particles=args.particles,
+                                      max_length=args.max_length, heal=heal)
+            for seed in range(args.seeds):
+                start = time.perf_counter()
+                result = sampler(seed, allow_zero_weight=True)
+                lw, trace = result.log_weights, result.log_weight_trace
+                rows.append({
+                    "f": f, "heal": heal, "seed": seed, "dead_final": int((~np.isfinite(lw)).sum()),
+                    "dead_particle_steps": int((~np.isfinite(trace)).sum()),
+                    "steps": int(trace.shape[0]), "heals": int(result.stats.get("heals", 0)),
+                    "log_Z": result.log_Z, "zero_weight_run": bool(not np.isfinite(lw).any()),
+                    "seconds": time.perf_counter() - start,
+                })
+                print(rows[-1], flush=True)
+    save_smc(args, rows)
+
+
+def save_smc(args: argparse.Namespace, rows: list[dict]) -> None:
+    summary = []
+    for f in args.fs:
+        for heal in (False, True):
+            sel = [r for r in rows if r["f"] == f and r["heal"] == heal]
+            if not sel:
+                continue
+            logz = [r["log_Z"] for r in sel]
+            finite = [z for z in logz if np.isfinite(z)]
+            summary.append({
+                "f": f, "heal": heal, "runs": len(sel), "dead_final": sum(r["dead_final"] for r in sel),
+                "dead_particle_steps": sum(r["dead_particle_steps"] for r in sel),
+                "particle_steps": sum(r["steps"] for r in sel) * args.particles,
+                "zero_weight_runs": sum(r["zero_weight_run"] for r in sel), "heals": sum(r["heals"] for r in sel),
+                "log_Z_mean_finite": float(np.mean(finite)) if finite else float("-inf"),
+                "log_Z_per_seed": [round(z, 2) if np.isfinite(z) else "-inf" for z in logz],
+            })
+    from benchmarks.common import markdown_table
+
+    appendix = "## Per run\n\n" + markdown_table(
+        rows, ["f", "heal", "seed", "dead_final", "dead_particle_steps", "steps", "heals", "log_Z", "zero_weight_run", "seconds"])
+    notes = (
+        f"Byte-level SMC, SmolLM2 x Gemma 3 under {SMC_PROMPT!r}, M = {args.particles}, max_length "
+        f"{args.max_length} bytes, default beam (width 5, threshold 0.05), seeds 0..{args.seeds - 1}, token "
+        f"healing off and on. dead_final: particles with log weight -inf at the end; dead_particle_steps: "
+        f"-inf entries of the log-weight trace over all steps (particles dead at a step, before resampling "
+        f"replaces them); zero_weight_runs: runs with every particle dead (log Z-hat = -inf); heals: bytes "
+        f"healed along the particles' histories; log_Z_mean_finite: the mean log Z-hat over runs where it "
+        f"is finite. Seconds (per run, first run of a setting includes compilation) measured under load "
+        f"(shared machine)."
+    )
+    name = "bench_healing_smc" if len(args.fs) > 1 else f"bench_healing_smc_{args.fs[0]}"
+    print(save(name, summary, ["f", "heal", "runs", "dead_final", "dead_particle_steps", "particle_steps",
+                                              "zero_weight_runs", "heals", "log_Z_mean_finite", "log_Z_per_seed"],
+               {"particles": args.particles, "max_length": args.max_length, "seeds": args.seeds, "prompt": SMC_PROMPT,
+                **({"rows_from": "per-run rows printed by a run stopped after these settings"} if args.smc_rows else {})},
+               notes, appendix))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--part", nargs="+", choices=["scoring", "genlm", "smc"],
+                        default=["scoring", "genlm"] if HAS_GENLM else ["scoring"])
+    parser.add_argument("--models", nargs="+", default=["smollm2-135m-instruct", "gemma3-270m"])
+    parser.add_argument("--chunk", type=int, default=256)
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--genlm-bytes", type=int, default=256, help="bytes of each kind of text read by both sides")
+    parser.add_argument("--torch-threads", type=int, default=2)
+    parser.add_argument("--worst", type=int, default=12, help="rows of the largest-differences table")
+    parser.add_argument("--seeds", type=int, default=4)
+    parser.add_argument("--particles", type=int, default=10)
+    parser.add_argument("--max-length", type=int, default=40)
+    parser.add_argument("--fs", nargs="+", choices=["min", "product"], default=["min", "product"], help="smc: ensembles")
+    parser.add_argument("--smc-rows", help="smc: summarize the per-run rows printed by an earlier run (its log)")
+    args = parser.parse_args()
+    if "genlm" in args.part and not HAS_GENLM:
+        raise SystemExit("genlm-bytes is not installed: pip install -e '.[genlm]'")
+    for part in args.part:
+        {"scoring": scoring, "genlm": compare, "smc": smc}[part](args)
 
 
 if __name__ == "__main__":
