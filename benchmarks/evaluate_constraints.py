@@ -284,8 +284,7 @@ def main() -> None:
     complete = {task: {i for i in ids[task] if counts[(task, i)] == expected} for task in args.tasks}
     partial = {task: sorted(i for i in ids[task] if 0 < counts[(task, i)] < expected) for task in args.tasks}
     records = [r for r in records if r.instance in complete[r.task]]
-    accuracy = [name for name in methods if not get_method(name).importance_sampling]
-    rows = json_safe(table5_rows(records, args.tasks, accuracy, args.fs, args.particles))
+    rows = json_safe(table5_rows(records, args.tasks, methods, args.fs, args.particles))
     diffs = json_safe(difference_rows(records, args.tasks, methods, args.fs, m))
     logz = []
     for task in args.tasks:
@@ -311,7 +310,7 @@ def main() -> None:
         f"at_max_length={args.at_max_length}; temperature {temperature}. "
         f"{get_method(methods[0]).label} = no constraint; {get_method(methods[1]).label} = locally constrained "
         f"decoding (mask, renormalize, weights ignored); {get_method(methods[2]).label} = global (the constraint a "
-        f"factor of the SMC target, resampling at ESS < {args.ess_threshold} M). Byte level left out (about 400 s a "
+        f"factor of the SMC target, resampling at ESS < {args.ess_threshold} M); {get_method(methods[3]).label} = the same without resampling. Byte level left out (about 400 s a "
         f"run on CPU). Timings measured under load (shared machine). Wall time of this invocation {wall:.0f} s "
         f"({new} new runs); sum of recorded sampler-call times {sum(r.seconds for r in records):.0f} s. "
         f"Plot: {png.name}."
