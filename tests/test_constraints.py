@@ -88,6 +88,33 @@ def test_token_table_reads_each_token_through_the_bytes():
         token_transitions(auto, tokens, max_entries=10)
 
 
+def test_padded_states_keep_the_language_and_share_one_shape():
+    from smc_jax.experts.constraint import pad_states, state_bucket
+
+    auto = regex("(ab|b)*a|xé?")
+    table, accepting = pad_states(auto.transitions, auto.accepting)
+    p = state_bucket(auto.num_states)
+    assert table.shape == (p, 256) and p >= auto.num_states and p & (p - 1) == 0
+    assert not accepting[p - 1] and np.all(table[p - 1] == p - 1)  # the dead state is still last
+    assert not np.isin(np.arange(auto.num_states - 1, p - 1), table).any()  # the padding is unreachable
+
+    def walk(data: bytes) -> int:
+        s = 0
+        for b in data:
+            s = int(table[s, b])
+        return s
+
+    rng = np.random.default_rng(1)
+    pool = [b"a", b"b", b"x", "é".encode(), b"\xc3", b"y"]
+    for _ in range(300):
+        data = b"".join(rng.choice(pool, size=rng.integers(0, 6)))
+        assert bool(accepting[walk(data)]) == auto.matches(data), data
+        assert (walk(data) != p - 1) == auto.viable(data), data
+    # Automata of different sizes in one bucket give experts of one shape (one compilation).
+    a, b = regex("a|b").byte_expert(), regex("ab?c").byte_expert()
+    assert a.transitions.shape == b.transitions.shape and a.num_states == state_bucket(regex("ab?c").num_states)
+
+
 def test_constraint_expert_contract(automaton):
     check_expert_group(automaton.symbol_expert(ALPHABET), num_particles=6, steps=5)
     check_expert_group(automaton.byte_expert(), num_particles=4, steps=3)
@@ -369,8 +396,9 @@ def test_evaluation_constraints_of_the_json_and_word_sorting_instances():
     assert WordSortingTask().is_correct(words, " apple, fig, pear")
     assert not auto.matches("apple, fig") and not auto.matches("apple, fig, kiwi") and not auto.matches("apple, fig, pear.")
     schema = {"type": "object", "properties": {"city": {"type": "string"}, "n": {"type": "integer"}}, "required": ["city"]}
-    auto = instance_constraint("json_schema", JsonSchemaInstance(id="x", schema=schema))
-    assert auto.matches('{"city":"Oslo","n":3}') and not auto.matches('{"n":3}')
+    for task in ("json", "json_schema"):  # the registry's name, and the schema's
+        auto = instance_constraint(task, JsonSchemaInstance(id="x", schema=schema))
+        assert auto.matches('{"city":"Oslo","n":3}') and not auto.matches('{"n":3}')
     assert get_method("token_constrained").constrained and get_method("local_constrained").level == "local"
     with pytest.raises(ValueError, match="no constraint"):
         instance_constraint("text_to_sql", None)

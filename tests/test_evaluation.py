@@ -162,7 +162,8 @@ def test_study_levels_name_their_methods():
     for level_name, level in STUDY_LEVELS.items():
         smc, active, importance = (get_method(n) for n in (level.smc, level.smc_active, level.importance))
         assert smc.resample_finished and not active.resample_finished and importance.importance_sampling
-        assert {smc.level, active.level, importance.level} == {"token" if level_name == "token" else "byte"}
+        assert {smc.level, active.level, importance.level} == {"byte" if level_name.endswith("byte") else "token"}
+        assert smc.constrained == active.constrained == importance.constrained
         assert len({smc.experts, active.experts, importance.experts}) == 1
 
 

@@ -70,7 +70,19 @@ METHODS: dict[str, Method] = {m.name: m for m in (
     Method("cross_byte_active", "Cross-Model Byte SMC (active resampling)", "byte", "cross", uses_f=True,
            resample_finished=False),
     Method("token_constrained", "Token SMC + constraint", "token", "both", uses_f=True, constrained=True),
+    Method("token_constrained_is", "Token IS + constraint", "token", "both", uses_f=True, importance_sampling=True,
+           constrained=True),
+    Method("token_constrained_active", "Token SMC + constraint (active resampling)", "token", "both", uses_f=True,
+           resample_finished=False, constrained=True),
     Method("local_constrained", "Token Local + constraint", "local", "both", uses_f=True, constrained=True),
+    # K = 1 (prompt 1) times the constraint: the LM restricted to the language, p(x) C(x)
+    Method("prompt1_constrained", "Prompt 1 SMC + constraint", "token", "prompt1", uses_f=False, constrained=True),
+    Method("prompt1_constrained_is", "Prompt 1 IS + constraint", "token", "prompt1", uses_f=False,
+           importance_sampling=True, constrained=True),
+    Method("prompt1_constrained_active", "Prompt 1 SMC + constraint (active resampling)", "token", "prompt1",
+           uses_f=False, resample_finished=False, constrained=True),
+    Method("prompt1_local_constrained", "Prompt 1 Local + constraint", "local", "prompt1", uses_f=False,
+           constrained=True),
     Method("cross_byte_constrained", "Cross-Model Byte SMC + constraint", "byte", "cross", uses_f=True,
            constrained=True),
     Method("cross_a", "Cross prompt, model A", "token", "cross_a", uses_f=False),
@@ -101,6 +113,11 @@ class StudyLevel:
 
 STUDY_LEVELS: dict[str, StudyLevel] = {
     "token": StudyLevel("token", "token_active", "token_is", ("prompt1", "prompt2")),  # one model, two prompts
+    # one model, two prompts, times the instance's constraint (issue 17's SMC vs IS with the constraint)
+    "token_constrained": StudyLevel("token_constrained", "token_constrained_active", "token_constrained_is",
+                                    ("prompt1", "prompt2")),
+    "prompt1_constrained": StudyLevel("prompt1_constrained", "prompt1_constrained_active", "prompt1_constrained_is",
+                                      ("prompt1", "prompt2")),
     "cross_byte": StudyLevel("cross_byte", "cross_byte_active", "cross_byte_is", ("cross_a", "cross_b")),  # two models
 }
 
@@ -221,20 +238,20 @@ def experts_for(method: Method, prompts: tuple[Chat, Chat], model: LanguageModel
 
 def instance_constraint(task: str, instance: Any):
     """The constraint a constrained method puts on an instance's outputs (issue 17):
-    json_schema: the instance's schema (compact whitespace); word_sorting: a comma-separated list
+    json (or json_schema): the instance's schema (compact whitespace); word_sorting: a comma-separated list
     of exactly as many items as the input has words, each one of the input's words (an optional
     leading space). Raises ValueError (naming the keyword) for a schema the compiler refuses."""
     import re
 
     from smc_jax import constraints
 
-    if task == "json_schema":
+    if task in ("json", "json_schema"):  # "json" is the task's registry name
         return constraints.json_schema(instance.schema, whitespace="")
     if task == "word_sorting":
         words = instance.input.split()
         word = "(?:" + "|".join(re.escape(w) for w in sorted(set(words))) + ")"
         return constraints.regex(f" ?{word}(?:, ?{word}){{{len(words) - 1}}}")
-    raise ValueError(f"no constraint is defined for task {task!r} (json_schema and word_sorting have one)")
+    raise ValueError(f"no constraint is defined for task {task!r} (json and word_sorting have one)")
 
 
 def build_sampler(method: Method, f: str, num_particles: int, experts: Sequence[Expert],

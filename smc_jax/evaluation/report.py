@@ -161,7 +161,8 @@ def smc_vs_is(records: Sequence[Record], fs: Sequence[str], particles: Sequence[
                     "E[log Z] IS": ib.format(digits=2), "SMC - IS": diff.format(digits=2),
                     "SMC higher": bool(diff.mean > 0), "SMC - IS (paired runs)": runs.format(digits=2),
                     "pairs": runs.n, "SMC higher in": f"{wins:.0%}" if runs.n else "n/a",
-                    "smc_mean": ia.mean, "is_mean": ib.mean, "diff_mean": diff.mean, "diff_ci95": diff.half_width,
+                    "smc_mean": ia.mean, "is_mean": ib.mean, "smc_ci95": ia.half_width, "is_ci95": ib.half_width,
+                    "diff_mean": diff.mean, "diff_ci95": diff.half_width,
                     "run_diff_mean": runs.mean, "run_diff_ci95": runs.half_width, "smc_higher_share": wins,
                 })
     return rows

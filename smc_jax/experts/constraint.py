@@ -258,6 +258,49 @@ def token_transitions(
     return table, automaton.accepting.copy()
 
 
+#: Fewest states of a padded automaton (`pad_states`).
+MIN_STATE_BUCKET = 16
+
+
+def state_bucket(num_states: int) -> int:
+    """The padded state count: the next power of two >= num_states (at least MIN_STATE_BUCKET).
+
+    Parameters
+    ----------
+    num_states : int
+        S, the automaton's states (dead state included).
+    """
+    return max(MIN_STATE_BUCKET, 1 << (num_states - 1).bit_length())
+
+
+def pad_states(transitions: np.ndarray, accepting: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The automaton with unreachable, non-accepting states inserted before the dead state (still
+    the last) up to `state_bucket` states, so automata of similar sizes give arrays of one shape and
+    share a compiled sampler (as prompts share a prompt bucket). The language is unchanged: the
+    new states lead only to the dead state, and no state leads to them.
+
+    Parameters
+    ----------
+    transitions : numpy.ndarray, shape [S, A]
+        The next state of every state and symbol; S - 1 is the dead state.
+    accepting : numpy.ndarray, shape [S]
+        Accepting flags.
+
+    Returns
+    -------
+    tuple of numpy.ndarray
+        The [P, A] table and [P] flags, P = state_bucket(S), dead state P - 1.
+    """
+    s, p = transitions.shape[0], state_bucket(transitions.shape[0])
+    if p == s:
+        return transitions, accepting
+    table = np.full((p, transitions.shape[1]), p - 1, transitions.dtype)
+    table[: s - 1] = np.where(transitions[: s - 1] == s - 1, p - 1, transitions[: s - 1])
+    flags = np.zeros((p,), bool)
+    flags[: s - 1] = accepting[: s - 1]
+    return table, flags
+
+
 class ConstraintState(NamedTuple):
     state: Int[Array, "M"]  # automaton state
     length: Int[Array, "M"]  # symbols read (for the horizon)
@@ -304,9 +347,12 @@ class ConstraintExpert:
     is_potential = True
 
     @classmethod
-    def build(cls, transitions: np.ndarray, accepting: np.ndarray, alphabet_size: int, horizon: int | None = None):
+    def build(cls, transitions: np.ndarray, accepting: np.ndarray, alphabet_size: int, horizon: int | None = None,
+              pad: bool = True):
         if horizon is not None and horizon < 0:
             raise ValueError(f"horizon must be >= 0 or None, got {horizon}")
+        if pad:
+            transitions, accepting = pad_states(transitions, accepting)
         distance = distance_to_accept(transitions, accepting)
         return cls(
             transitions=jnp.asarray(transitions, jnp.int32), accepting=jnp.asarray(accepting),
