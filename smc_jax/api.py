@@ -59,6 +59,8 @@ CAPACITY_GROWTH = 2
 MAX_CAPACITY_SCALE = 64
 #: Starting byte-level context capacity per particle and unit of beam width.
 CONTEXTS_PER_BEAM_SLOT = 3
+#: Byte level with prefetching: the prefetch cache's size per particle (contexts per expert).
+PREFETCH_SLOTS_PER_PARTICLE = 2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -326,6 +328,9 @@ class EnsembleSampler:
             # last tokens. Each context holds a sum tree of the vocabulary (2 MB for Gemma 3), so
             # this matters; a run that overflows is rerun with doubled capacities.
             num_contexts = (1 + CONTEXTS_PER_BEAM_SLOT * m * self.settings.beam_width) * scale
+            prefetch_slots = PREFETCH_SLOTS_PER_PARTICLE * m
+            if self.settings.prefetch:  # the prefetch cache keeps up to that many contexts alive
+                num_contexts += prefetch_slots * scale
             num_entries = (2 * m * (max_tokens + 1) + num_contexts) * scale
             return ByteExperts(
                 model=paged,
@@ -341,6 +346,9 @@ class EnsembleSampler:
                 num_contexts=num_contexts,
                 prompt_bytes=prompt_bytes,
                 prompt_lengths=prompt_lengths,
+                prefetch_top=self.settings.prefetch,
+                prefetch_slots=prefetch_slots,
+                prefetch_rows=self.settings.prefetch_rows,
             ).with_start_state(m)  # the prompt is read once per build, not once per seed
         return TokenExperts(
             model=paged,

@@ -72,6 +72,14 @@ class SamplerSettings:
     prompt_as_bytes : bool
         Byte level: read raw-text prompts through the byte beam from BOS (GenLM's convention)
         instead of tokenizing them canonically.
+    prefetch : int
+        Byte level: when a step calls the model anyway, also create the contexts the next few
+        bytes may need, looking ahead through each context's `prefetch` most likely tokens
+        (0 = off; `smc_jax.experts.byte.ByteExperts.prefetch_top`). Fewer sequential model
+        calls, more rows per call; the distributions and samples are the same.
+    prefetch_rows : int
+        Byte level, with `prefetch`: rows a call may add for prefetching beyond its batch's
+        padding (0 = only fill the padding).
     progress : bool
         Report each step to `smc_jax.smc.progress` listeners (a host callback per step).
     """
@@ -88,6 +96,8 @@ class SamplerSettings:
     prune_threshold: float = DEFAULT_PRUNE_THRESHOLD
     heal: bool = True
     prompt_as_bytes: bool = False
+    prefetch: int = 0
+    prefetch_rows: int = 0
     progress: bool = False
 
     def __post_init__(self):
@@ -105,6 +115,8 @@ class SamplerSettings:
             raise ValueError(f"heal must be True or False, got {self.heal!r}")
         if not self.heal and self.level != "byte":
             raise ValueError("heal=False turns off the byte beams' token healing: it needs level='byte'")
+        if not (isinstance(self.prefetch, (int, np.integer)) and self.prefetch >= 0 and self.prefetch_rows >= 0):
+            raise ValueError(f"prefetch and prefetch_rows must be integers >= 0, got {self.prefetch!r}, {self.prefetch_rows!r}")
         if self.prompt_as_bytes and self.level != "byte":
             raise ValueError("prompt_as_bytes reads prompts through the byte beam: it needs level='byte'")
         self.smc()  # M, L, ESS threshold, resampler and at_max_length are checked by the engine

@@ -52,7 +52,7 @@ import jax.numpy as jnp
 from flax import struct
 from jaxtyping import Array, Bool, Float, Int
 
-from smc_jax.bytes.sumtree import SumTree, build_sum_tree, range_logmass
+from smc_jax.bytes.sumtree import SumTree, build_sum_tree, leaf_logprobs, range_logmass
 from smc_jax.bytes.trie import NO_NODE, ROOT, TokenTrie, child, ending_tokens, next_byte_logmass, node_logmass
 from smc_jax.bytes.vocab import NUM_BYTES
 from smc_jax.models.contexts import NO_CONTEXT
@@ -68,6 +68,9 @@ class ByteSummary(struct.PyTreeNode):
     tree: SumTree  # log-space sum tree over the byte tokens in trie order
     eos: Float[Array, "..."]  # log p(EOS | context)
     root_children: Float[Array, "... 256"]  # log m(child(root, b)): every fresh token's first byte
+    # Sorted (trie) positions of the N most likely byte tokens (N = 0 without prefetching):
+    # what `prefetch_candidates` looks ahead through.
+    top: Int[Array, "... N"]
 
 
 def summarize_logits(
@@ -76,14 +79,19 @@ def summarize_logits(
     allowed: Bool[Array, "V"],
     eos_ids: tuple[int, ...],
     temperature: float = 1.0,
+    top_n: int = 0,
 ) -> ByteSummary:
-    """log p(t | c) renormalized over the allowed ids (byte tokens and EOS), as a sum tree."""
+    """log p(t | c) renormalized over the allowed ids (byte tokens and EOS), as a sum tree, and
+    the trie positions of the `top_n` most likely byte tokens."""
     logits = jnp.where(allowed, logits.astype(jnp.float32) / temperature, -jnp.inf)
     logp = jax.nn.log_softmax(logits, axis=-1)
     eos = jax.nn.logsumexp(logp[..., jnp.asarray(eos_ids, jnp.int32)], axis=-1)
-    tree = build_sum_tree(trie.sort_logprobs(logp))
+    sorted_logp = trie.sort_logprobs(logp)
+    tree = build_sum_tree(sorted_logp)
     root_children = jax.vmap(lambda row: next_byte_logmass(trie, tree, ROOT, row))(jnp.arange(logits.shape[0]))
-    return ByteSummary(tree=tree, eos=eos, root_children=root_children)
+    top_n = min(top_n, sorted_logp.shape[-1])
+    top = jax.lax.top_k(sorted_logp, top_n)[1].astype(jnp.int32) if top_n else jnp.zeros(eos.shape + (0,), jnp.int32)
+    return ByteSummary(tree=tree, eos=eos, root_children=root_children, top=top)
 
 
 class BeamState(NamedTuple):
@@ -294,6 +302,41 @@ def lookahead_requests(plan: ShiftPlan) -> tuple[Int[Array, "M H D"], Int[Array,
     parents exist before the shift: a model call the shift makes can take them too (see `shift`)."""
     parent = jnp.broadcast_to(plan.ahead_context[..., None], plan.ahead.token.shape)
     return parent, plan.ahead.token, plan.keep_ahead
+
+
+class PrefetchCandidates(NamedTuple):
+    """Contexts parent + token that the beam's next few bytes may need, with their weight
+    log p(parent) + log p(token | parent) relative to the beam's total weight."""
+
+    parent: Int[Array, "M Q"]  # Q = (C + C D) N
+    token: Int[Array, "M Q"]
+    score: Float[Array, "M Q"]  # -inf where none
+
+
+def prefetch_candidates(trie: TokenTrie, table: ByteSummary, beam: BeamState) -> PrefetchCandidates:
+    """For every hypothesis whose context exists -- the slots (c, u) and the materialized
+    extensions (c + t, root) -- the tokens t' among its context's top N (`ByteSummary.top`) that
+    lie strictly below u in the trie (so not committed yet, and not the extensions at u, which
+    are requested as usual): c + t' is needed once the hypothesis reaches t''s end, if its
+    weight is then above threshold. A heuristic (the beam's total shrinks as bytes are read);
+    creating a context never changes a distribution, it only saves a later call."""
+    m, c, d = beam.ext_context.shape
+    num_contexts = table.eos.shape[0]
+    ext = extensions(trie, table, beam)
+    has_ext = (beam.ext_context != NO_CONTEXT) & jnp.isfinite(ext.weight)
+    context = jnp.concatenate([beam.context, jnp.where(has_ext, beam.ext_context, NO_CONTEXT).reshape(m, -1)], axis=1)
+    node = jnp.concatenate([beam.node, jnp.full((m, c * d), ROOT, jnp.int32)], axis=1)
+    logp = jnp.concatenate([beam.logp, jnp.where(has_ext, ext.weight, -jnp.inf).reshape(m, -1)], axis=1)
+    rows = _row(context, num_contexts)
+    positions = table.top[rows]  # [M, H, N]
+    node = jnp.clip(node, 0, trie.num_nodes - 1)[..., None]
+    below = (positions >= trie.node_end_hi[node]) & (positions < trie.node_hi[node]) & (context != NO_CONTEXT)[..., None]
+    token_logp = leaf_logprobs(table.tree, positions, jnp.broadcast_to(rows[..., None], positions.shape))
+    total = _lse(beam.weight, axis=-1)
+    score = jnp.where(below, logp[..., None] + token_logp - total[:, None, None], -jnp.inf)
+    parent = jnp.broadcast_to(context[..., None], positions.shape)
+    token = trie.sorted_token_ids[positions]
+    return PrefetchCandidates(parent.reshape(m, -1), token.reshape(m, -1), score.reshape(m, -1))
 
 
 def next_byte_logprobs(

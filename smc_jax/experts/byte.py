@@ -9,11 +9,14 @@ them first (and, in the same call, those the new distributions may need). Each i
 for the token contexts requested, deduplicated across particles and slots and batched over the
 K prompts (`models.contexts`), and none is made when no beam of any particle requests anything.
 A byte step thus makes at most one call per model, except when a context created by the shift
-needs an extension at once (its parent did not exist before the call).
+needs an extension at once (its parent did not exist before the call). With prefetching
+(`ByteExperts.prefetch_top`, off by default), a call also creates contexts later bytes may
+need (`prefetch_candidates`), and a step finds those in a cache instead of calling.
 """
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 import jax
@@ -28,10 +31,12 @@ from smc_jax.bytes.beam import (
     BeamState,
     ByteSummary,
     extension_requests,
+    extensions,
     initial_beam,
     lookahead_requests,
     next_byte_logprobs,
     plan_shift,
+    prefetch_candidates,
     shift,
     shift_requests,
     summarize_logits,
@@ -43,9 +48,22 @@ from smc_jax.experts.model_base import ModelExperts
 from smc_jax.models.contexts import NO_CONTEXT, PROMPT_CONTEXT, ContextStore, bucket_sizes, extend_group
 
 
+class PrefetchCache(NamedTuple):
+    """Per expert: the contexts prefetched by the last call (`ByteExperts.prefetch_top`), each
+    keyed by its parent's pool entry and its token (an alive context keeps its parent's entry
+    alive, so the key cannot be reused while the context is cached), and counters."""
+
+    context: Int[Array, "K E"]  # NO_CONTEXT where empty
+    parent_entry: Int[Array, "K E"]
+    token: Int[Array, "K E"]
+    hits: Int[Array, "K"]  # extensions found here instead of requested
+    created: Int[Array, "K"]  # contexts prefetched
+
+
 class ByteExpertState(NamedTuple):
     beams: BeamState  # leaves [M, K, ...]
     stores: ContextStore  # stacked over the K experts
+    cache: PrefetchCache
 
 
 @struct.dataclass(kw_only=True)
@@ -64,6 +82,17 @@ class ByteExperts(ModelExperts):
     # A shift that calls the model also fetches what the next refresh may need (more rows, fewer
     # sequential calls); False fetches only what each of the two needs (same distributions).
     lookahead: bool = struct.field(pytree_node=False, default=True)
+    # Prefetching (0 = off): every context keeps the trie positions of its `prefetch_top` most
+    # likely tokens; a call made anyway also creates, for every hypothesis (c, u) of every
+    # particle, the contexts c + t for those tokens t below u (not committed yet) whose weight
+    # log p(c) + log p(t | c) is above `prefetch_threshold` times its beam's total, heaviest
+    # first: up to `prefetch_slots` per expert, in the bucket's padding rows plus at most
+    # `prefetch_rows` more. A later step finds them (keyed by parent and token) instead of
+    # calling: fewer sequential calls, more rows, the same distributions.
+    prefetch_top: int = struct.field(pytree_node=False, default=0)
+    prefetch_slots: int = struct.field(pytree_node=False, default=32)
+    prefetch_rows: int = struct.field(pytree_node=False, default=0)
+    prefetch_threshold: float = struct.field(pytree_node=False, default=0.01)
     # GenLM's prompt convention: the prefix holds only BOS, and these raw prompt bytes (padded,
     # with their lengths) are read through the beam at init, summing over their tokenizations.
     prompt_bytes: Int[Array, "K P"] | None = None
@@ -81,7 +110,12 @@ class ByteExperts(ModelExperts):
         return self.beam.width * (1 + self.trie.max_duplicates)
 
     def _summarize(self, logits: Float[Array, "U V"]) -> ByteSummary:
-        return summarize_logits(logits, self.trie, self.allowed, self.eos_ids, self.temperature)
+        return summarize_logits(logits, self.trie, self.allowed, self.eos_ids, self.temperature, self.prefetch_top)
+
+    @property
+    def cache_slots(self) -> int:
+        """E, the prefetch cache's size per expert (0 with prefetching off)."""
+        return self.prefetch_slots if self.prefetch_top else 0
 
     def capacity(self, num_particles: int) -> tuple[int, int]:
         """(pool entries, contexts). The worst case: contexts alive at once are the prompt's,
@@ -89,7 +123,7 @@ class ByteExperts(ModelExperts):
         at most max_tokens entries. Real beams share almost all of their paths, so callers
         usually pass much smaller capacities and grow them on overflow (see `smc_jax.api`)."""
         m, c, d = num_particles, self.num_slots, self.trie.max_duplicates
-        worst_contexts = 1 + m * c + 2 * m * c * d
+        worst_contexts = 1 + m * c + 2 * m * c * d + self.cache_slots
         num_contexts = self.num_contexts or worst_contexts
         return (self.num_entries or num_contexts * self.max_tokens), num_contexts
 
@@ -100,7 +134,13 @@ class ByteExperts(ModelExperts):
         start = _initial_state(self.replace(start=None), num_particles)
         zero = jnp.zeros_like(start.stores.calls)
         stores = start.stores.replace(calls=zero, rows=zero, requests=zero)
-        return self.replace(start=start._replace(stores=stores))
+        cache = start.cache._replace(hits=jnp.zeros_like(start.cache.hits), created=jnp.zeros_like(start.cache.created))
+        return self.replace(start=start._replace(stores=stores, cache=cache))
+
+    def _empty_cache(self) -> PrefetchCache:
+        k, e = self.num_experts, self.cache_slots
+        none = jnp.full((k, e), NO_CONTEXT, jnp.int32)
+        return PrefetchCache(none, none, none, jnp.zeros((k,), jnp.int32), jnp.zeros((k,), jnp.int32))
 
     def init(self, num_particles: int) -> ByteExpertState:
         if self.start is not None:
@@ -116,11 +156,13 @@ class ByteExperts(ModelExperts):
         if self.prompt_bytes is None:
             beam = initial_beam(m, c, d, PROMPT_CONTEXT)
             beams = jax.tree.map(lambda x: jnp.broadcast_to(x[:, None], (m, k) + x.shape[1:]), beam)
-            return self._refresh(ByteExpertState(beams, stores), jnp.ones((m, k), bool))
+            return self._refresh(ByteExpertState(beams, stores, self._empty_cache()), jnp.ones((m, k), bool))
         # Read the prompt bytes once (one particle), then give every particle that beam.
         beam = initial_beam(1, c, d, PROMPT_CONTEXT)
         one = self._refresh(
-            ByteExpertState(jax.tree.map(lambda x: jnp.broadcast_to(x[:, None], (1, k) + x.shape[1:]), beam), stores),
+            ByteExpertState(
+                jax.tree.map(lambda x: jnp.broadcast_to(x[:, None], (1, k) + x.shape[1:]), beam), stores, self._empty_cache()
+            ),
             jnp.ones((1, k), bool),
         )
 
@@ -130,43 +172,103 @@ class ByteExperts(ModelExperts):
 
         one, _ = jax.lax.scan(read, one, jnp.arange(self.prompt_bytes.shape[1]))
         beams = jax.tree.map(lambda x: jnp.broadcast_to(x, (m,) + x.shape[1:]), one.beams)
-        return ByteExpertState(beams, one.stores)
+        return ByteExpertState(beams, one.stores, one.cache)
 
     def _create(
-        self, state: ByteExpertState, parent: Int[Array, "M K R"], token: Int[Array, "M K R"], wanted: Bool[Array, "M K R"]
-    ) -> tuple[ContextStore, Int[Array, "M K R"]]:
+        self,
+        state: ByteExpertState,
+        parent: Int[Array, "M K R"],
+        token: Int[Array, "M K R"],
+        wanted: Bool[Array, "M K R"],
+        prefetch: bool = False,
+    ) -> tuple[ContextStore, PrefetchCache, Int[Array, "M K R"]]:
         """Creates the wanted contexts parent + token with one model call for all particles,
-        requests and K experts (none if nothing is wanted); returns them (NO_CONTEXT elsewhere)."""
-        beams, stores = state
+        requests and K experts (none if nothing is wanted); returns them (NO_CONTEXT elsewhere).
+        With `prefetch` (and prefetching on), the call also creates the prefetch candidates
+        and they become the cache; without a call the cache stays."""
+        beams, stores, cache = state
         m, k, r = wanted.shape
         flat = lambda x: jnp.moveaxis(x, 1, 0).reshape(k, -1)
-        keep = jnp.concatenate([flat(beams.context), flat(beams.ext_context)], axis=1)
-        stores, created = extend_group(
-            stores, self.model, self.prefixes, flat(parent), flat(token), flat(wanted), keep, self._summarize,
-            bucket_sizes(m * r, typical=m),  # ~one fresh context per particle and step
+        keep = jnp.concatenate([flat(beams.context), flat(beams.ext_context), cache.context], axis=1)
+        args = (stores, self.model, self.prefixes, flat(parent), flat(token), flat(wanted), keep, self._summarize,
+                bucket_sizes(m * r, typical=m))  # ~one fresh context per particle and step
+        if not (prefetch and self.cache_slots):
+            stores, created = extend_group(*args)
+            return stores, cache, jnp.moveaxis(created.reshape(k, m, r), 0, 1)
+        cand = jax.vmap(
+            lambda table, beam: prefetch_candidates(self.trie, table, beam), in_axes=(0, 1), out_axes=1
+        )(stores.summary, beams)  # [M, K, Q]
+        score, best = jax.lax.top_k(flat(cand.score), self.cache_slots)  # [K, E], heaviest first
+        c_parent = jnp.take_along_axis(flat(cand.parent), best, axis=1)
+        c_token = jnp.take_along_axis(flat(cand.token), best, axis=1)
+        c_valid = score > math.log(self.prefetch_threshold)
+        found = self._lookup(stores, cache, c_parent, c_token, c_valid)
+        missing = c_valid & (found == NO_CONTEXT)
+        stores, created, fetched = extend_group(*args, optional=(c_parent, c_token, missing), grow=self.prefetch_rows)
+        parent_entry = jax.vmap(lambda entries, p: entries[jnp.clip(p, 0, entries.shape[0] - 1)])(stores.context_entry, c_parent)
+        fresh = missing & (fetched != NO_CONTEXT)
+        new = PrefetchCache(
+            context=jnp.where(found != NO_CONTEXT, found, fetched),
+            parent_entry=parent_entry,
+            token=c_token,
+            hits=cache.hits,
+            created=cache.created + jnp.sum(fresh, axis=1).astype(jnp.int32),
         )
-        return stores, jnp.moveaxis(created.reshape(k, m, r), 0, 1)
+        called = jnp.any(wanted)
+        cache = jax.tree.map(lambda x, y: jnp.where(called, x, y), new, cache)
+        return stores, cache, jnp.moveaxis(created.reshape(k, m, r), 0, 1)
+
+    def _lookup(
+        self, stores: ContextStore, cache: PrefetchCache, parent: Int[Array, "K R"], token: Int[Array, "K R"], mask: Bool[Array, "K R"]
+    ) -> Int[Array, "K R"]:
+        """The cached context parent + token of each masked request (NO_CONTEXT where none)."""
+
+        def one(entries, c_context, c_parent, c_token, p, t, w):
+            entry = entries[jnp.clip(p, 0, entries.shape[0] - 1)]
+            match = (c_context != NO_CONTEXT)[None] & (c_parent[None] == entry[:, None]) & (c_token[None] == t[:, None])
+            match = match & (w & (p != NO_CONTEXT))[:, None]
+            return jnp.where(jnp.any(match, axis=1), c_context[jnp.argmax(match, axis=1)], NO_CONTEXT)
+
+        return jax.vmap(one)(stores.context_entry, cache.context, cache.parent_entry, cache.token, parent, token, mask)
+
+    def _resolve(self, state: ByteExpertState, active: Bool[Array, "M K"]) -> ByteExpertState:
+        """Records in ext_context the extensions of the active beams found in the prefetch cache."""
+        if not self.cache_slots:
+            return state
+        beams, stores, cache = state
+        ext = jax.vmap(lambda table, beam: extensions(self.trie, table, beam), in_axes=(0, 1), out_axes=1)(stores.summary, beams)
+        missing = (beams.ext_context == NO_CONTEXT) & jnp.isfinite(ext.weight) & active[:, :, None, None]
+        parent = jnp.broadcast_to(beams.context[..., None], ext.token.shape)
+        m, k = active.shape
+        flat = lambda x: jnp.moveaxis(x, 1, 0).reshape(k, -1)
+        found = self._lookup(stores, cache, flat(parent), flat(ext.token), flat(missing))
+        hit = found != NO_CONTEXT
+        found = jnp.moveaxis(found.reshape((k, m) + ext.token.shape[2:]), 0, 1)
+        beams = beams._replace(ext_context=jnp.where(found != NO_CONTEXT, found, beams.ext_context))
+        cache = cache._replace(hits=cache.hits + jnp.sum(hit, axis=1).astype(jnp.int32))
+        return ByteExpertState(beams, stores, cache)
 
     def _materialize(
         self, state: ByteExpertState, parent: Int[Array, "M K C D"], token: Int[Array, "M K C D"], wanted: Bool[Array, "M K C D"]
     ) -> ByteExpertState:
         """Creates the wanted extension contexts (one call, see `_create`); records them in ext_context."""
         flat = lambda x: x.reshape(x.shape[:2] + (-1,))
-        stores, created = self._create(state, flat(parent), flat(token), flat(wanted))
+        stores, cache, created = self._create(state, flat(parent), flat(token), flat(wanted), prefetch=True)
         beams = state.beams
         ext_context = jnp.where(wanted, created.reshape(wanted.shape), beams.ext_context)
-        return ByteExpertState(beams._replace(ext_context=ext_context), stores)
+        return ByteExpertState(beams._replace(ext_context=ext_context), stores, cache)
 
     def _refresh(self, state: ByteExpertState, active: Bool[Array, "M K"]) -> ByteExpertState:
         """Materializes the extensions the beams' next-byte distributions need (if any beam
         needs one, the call also takes those the next shift could keep), then computes the
-        distributions."""
+        distributions. Extensions in the prefetch cache are taken from it first."""
+        state = self._resolve(state, active)
         reqs = jax.vmap(
             lambda table, beam: extension_requests(self.trie, table, beam, self.beam), in_axes=(0, 1), out_axes=1
         )(state.stores.summary, state.beams)  # [M, K, C, D]
         needed = reqs.next_byte & active[:, :, None, None]
         wanted = needed | (reqs.shift & active[:, :, None, None] & jnp.any(needed))
-        beams, stores = self._materialize(state, reqs.parent, reqs.token, wanted)
+        beams, stores, cache = self._materialize(state, reqs.parent, reqs.token, wanted)
         next_logp, log_mass = jax.vmap(
             lambda table, beam: next_byte_logprobs(self.trie, table, beam, self.beam), in_axes=(0, 1), out_axes=1
         )(stores.summary, beams)
@@ -174,7 +276,7 @@ class ByteExperts(ModelExperts):
             next_logp=jnp.where(active[:, :, None], next_logp, beams.next_logp),
             log_mass=jnp.where(active, log_mass, beams.log_mass),
         )
-        return ByteExpertState(beams, stores)
+        return ByteExpertState(beams, stores, cache)
 
     def logprobs(self, state: ByteExpertState) -> Float[Array, "M K B1"]:
         return state.beams.next_logp
@@ -189,6 +291,7 @@ class ByteExperts(ModelExperts):
         def per_expert(fn, state: ByteExpertState, *args):
             return jax.vmap(fn, in_axes=(0, 1) + (1,) * len(args), out_axes=1)(state.stores.summary, state.beams, *args)
 
+        state = self._resolve(state, active)
         plan = per_expert(lambda table, beam, b: plan_shift(self.trie, table, beam, b, self.beam), state, byte)
         plan_beams = state.beams
         parent, token, wanted = jax.vmap(shift_requests, in_axes=1, out_axes=1)(state.beams, plan)
@@ -199,10 +302,12 @@ class ByteExperts(ModelExperts):
         ahead_parent, ahead_token, ahead = jax.vmap(lookahead_requests, in_axes=1, out_axes=1)(plan)
         ahead = ahead & active[:, :, None, None] & jnp.any(wanted) & self.lookahead
         both = lambda x, y: jnp.concatenate([x.reshape(x.shape[:2] + (-1,)), y.reshape(y.shape[:2] + (-1,))], axis=2)
-        stores, created = self._create(state, both(parent, ahead_parent), both(token, ahead_token), both(wanted, ahead))
+        stores, cache, created = self._create(
+            state, both(parent, ahead_parent), both(token, ahead_token), both(wanted, ahead), prefetch=True
+        )
         shift_ctx, ahead_ctx = jnp.split(created, [wanted.shape[2] * wanted.shape[3]], axis=2)
         ext_context = jnp.where(wanted, shift_ctx.reshape(wanted.shape), state.beams.ext_context)
-        state = ByteExpertState(state.beams._replace(ext_context=ext_context), stores)
+        state = ByteExpertState(state.beams._replace(ext_context=ext_context), stores, cache)
         ahead_ctx = jnp.where(ahead, ahead_ctx.reshape(ahead.shape), NO_CONTEXT)
         # Materializing adds contexts but changes none the plan read: the plan still holds.
         shifted = per_expert(
@@ -212,7 +317,7 @@ class ByteExperts(ModelExperts):
         beams = jax.tree.map(
             lambda new, old: jnp.where(active.reshape((m, k) + (1,) * (new.ndim - 2)), new, old), shifted, state.beams
         )
-        state = ByteExpertState(beams, state.stores)
+        state = state._replace(beams=beams)
         if self.beam.heal:  # static: with heal off the program is the one without healing
             state = self._heal(state, plan_beams, byte, active)
         return self._refresh(state, active)
@@ -237,8 +342,8 @@ class ByteExperts(ModelExperts):
             logp = jnp.where(want, logp + per_expert(token_logprob)(stores.summary, context, position), logp)
             # The path's current context must survive the call (the emptied beam holds nothing).
             holder = state.beams.context.at[:, :, 0].set(jnp.where(need, context, state.beams.context[:, :, 0]))
-            stores, created = self._create(
-                ByteExpertState(state.beams._replace(context=holder), stores),
+            stores, _, created = self._create(
+                ByteExpertState(state.beams._replace(context=holder), stores, state.cache),
                 context[..., None], jnp.take(plan.tokens, i, axis=2)[..., None], want[..., None],
             )
             return stores, jnp.where(want, created[..., 0], context), logp, i + 1
@@ -252,7 +357,7 @@ class ByteExperts(ModelExperts):
         )(stores.summary, state.beams, before, need, context, logp, plan.node)
         beams = jax.vmap(zero_byte_logprob, in_axes=1, out_axes=1)(before, beams, byte)
         beams = beams._replace(healed=beams.healed & active, healed_logp=jnp.where(active, beams.healed_logp, 0.0))
-        return ByteExpertState(beams, stores)
+        return ByteExpertState(beams, stores, state.cache)
 
     def reorder(self, state: ByteExpertState, ancestors: Int[Array, "M"]) -> ByteExpertState:
         return state._replace(beams=jax.tree.map(lambda x: jnp.take(x, ancestors, axis=0), state.beams))
@@ -266,7 +371,13 @@ class ByteExperts(ModelExperts):
         state : ByteExpertState
             The experts' state after a run.
         """
-        return dict(super().stats(state), heals=int(np.asarray(state.beams.heals).sum()))
+        cache = state.cache
+        return dict(
+            super().stats(state),
+            heals=int(np.asarray(state.beams.heals).sum()),
+            prefetched=int(np.asarray(cache.created).sum()),
+            prefetch_hits=int(np.asarray(cache.hits).sum()),
+        )
 
 
 @jax.jit(static_argnums=1)

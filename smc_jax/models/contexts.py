@@ -168,10 +168,12 @@ def extend_contexts(
     valid: Bool[Array, "U"],
     keep: Int[Array, "K"],
     summarize: Callable[[Float[Array, "U V"]], PyTree],
+    needed: Bool[Array, "U"] | None = None,
 ) -> tuple[ContextStore, Int[Array, "U"]]:
     """Creates context parent + token for each valid row with one model call of U rows.
 
     `keep` lists context ids (NO_CONTEXT entries ignored) that must survive besides the parents.
+    `needed` (default: `valid`) marks the rows counted as requests (the others are prefetched).
     Returns the store and the new context ids (NO_CONTEXT for invalid rows)."""
     n, t = store.num_entries, store.num_contexts
     refs = jnp.concatenate([keep, jnp.where(valid, parent, NO_CONTEXT)])
@@ -205,7 +207,7 @@ def extend_contexts(
         overflow=store.overflow | overflow,
         calls=store.calls + 1,
         rows=store.rows + u,
-        requests=store.requests + jnp.sum(valid).astype(jnp.int32),
+        requests=store.requests + jnp.sum(valid if needed is None else needed & valid).astype(jnp.int32),
         peak_entries=jnp.maximum(store.peak_entries, jnp.sum(entry_alive) + written),
         peak_contexts=jnp.maximum(store.peak_contexts, jnp.sum(ctx_alive) + written),
     )
@@ -244,37 +246,76 @@ def extend_group(
     keep: Int[Array, "K J"],
     summarize: Callable[[Float[Array, "U V"]], PyTree],
     buckets: Sequence[int],
-) -> tuple[ContextStore, Int[Array, "K R"]]:
+    optional: tuple[Int[Array, "K E"], Int[Array, "K E"], Bool[Array, "K E"]] | None = None,
+    grow: int = 0,
+) -> tuple[ContextStore, Int[Array, "K R"]] | tuple[ContextStore, Int[Array, "K R"], Int[Array, "K E"]]:
     """`extend_contexts` for K experts of one model (stores and prefixes stacked on axis 0).
 
     Requests are deduplicated per expert; the bucket is the smallest size holding every expert's
     unique count, chosen outside the vmap over experts (so only that size runs; `_in_place_cond`),
-    and a step without requests calls nothing. Returns the new context of every request."""
+    and a step without requests calls nothing. Returns the new context of every request.
+
+    `optional` (parent, token, valid) lists requests in priority order that ride along when a
+    call is made anyway: they fill the rows the bucket pads (free: padding is computed too), and
+    may grow the bucket by up to `grow` rows. Duplicates of a request or of an earlier optional
+    row share its context. With `optional`, also returns each optional row's context
+    (NO_CONTEXT where it did not fit)."""
     reqs = jax.vmap(dedupe)(parent, token, valid)
-    needed = jnp.max(reqs.count)
-    sizes = jnp.asarray(buckets)
-    branch = jnp.where(needed == 0, 0, 1 + jnp.searchsorted(sizes, needed, side="left"))
     r = parent.shape[1]
+    if optional is None:
+        opt_parent = opt_token = jnp.zeros((parent.shape[0], 0), jnp.int32)
+        opt_valid = jnp.zeros((parent.shape[0], 0), bool)
+    else:
+        opt_parent, opt_token, opt_valid = optional
+    e = opt_parent.shape[1]
+    # Each optional row's source: a unique request (index < r), an earlier optional row
+    # (r + index), or itself (a fresh row, ranked in priority order).
+    same_req = (opt_parent[:, :, None] == reqs.parent[:, None, :]) & (opt_token[:, :, None] == reqs.token[:, None, :])
+    same_req = same_req & reqs.valid[:, None, :] & opt_valid[:, :, None]
+    earlier = jnp.arange(e)[None, :] < jnp.arange(e)[:, None]
+    same_opt = (opt_parent[:, :, None] == opt_parent[:, None, :]) & (opt_token[:, :, None] == opt_token[:, None, :])
+    same_opt = same_opt & earlier[None] & opt_valid[:, None, :] & opt_valid[:, :, None]
+    fresh = opt_valid & ~jnp.any(same_req, axis=-1) & ~jnp.any(same_opt, axis=-1)
+    rank = jnp.cumsum(fresh, axis=1) - 1
+    num_fresh = jnp.sum(fresh, axis=1)
+    needed = jnp.max(reqs.count + jnp.minimum(num_fresh, grow))
+    sizes = jnp.asarray(buckets)
+    branch = jnp.where(jnp.max(reqs.count) == 0, 0, 1 + jnp.minimum(jnp.searchsorted(sizes, needed, side="left"), len(buckets) - 1))
 
     def make_branch(size: int):
-        def run(carry: tuple[ContextStore, Array]) -> tuple[ContextStore, Int[Array, "K R"]]:
+        def run(carry: tuple[ContextStore, Array, Array]) -> tuple[ContextStore, Int[Array, "K R"], Int[Array, "K E"]]:
             stores = carry[0]
 
-            def one(store, prefix, req: Requests, keep_k):
+            def one(store, prefix, req: Requests, keep_k, fresh_k, rank_k, o_parent, o_token):
+                row = jnp.where(fresh_k & (req.count + rank_k < size), req.count + rank_k, size)
+                rows_parent = req.parent[:size].at[row].set(o_parent, mode="drop")
+                rows_token = req.token[:size].at[row].set(o_token, mode="drop")
+                rows_valid = req.valid[:size].at[row].set(True, mode="drop")
                 store, created = extend_contexts(
-                    store, model, prefix, req.parent[:size], req.token[:size], req.valid[:size], keep_k, summarize
+                    store, model, prefix, rows_parent, rows_token, rows_valid, keep_k, summarize, req.valid[:size]
                 )
-                return store, jnp.full((r,), NO_CONTEXT, jnp.int32).at[:size].set(created)
+                opt_created = jnp.where(row < size, created[jnp.minimum(row, size - 1)], NO_CONTEXT)
+                return store, jnp.full((r,), NO_CONTEXT, jnp.int32).at[:size].set(created), opt_created
 
-            return jax.vmap(one)(stores, prefixes, reqs, keep)
+            return jax.vmap(one)(stores, prefixes, reqs, keep, fresh, rank, opt_parent, opt_token)
 
         return run
 
     created = jnp.full((parent.shape[0], r), NO_CONTEXT, jnp.int32)
+    opt_created = jnp.full((parent.shape[0], e), NO_CONTEXT, jnp.int32)
+    carry = (stores, created, opt_created)
     for index, size in enumerate(buckets, start=1):
-        stores, created = _in_place_cond(branch == index, make_branch(size), (stores, created))
+        carry = _in_place_cond(branch == index, make_branch(size), carry)
+    stores, created, opt_created = carry
     new_ctx = jnp.take_along_axis(created, jnp.clip(reqs.inverse, 0, r - 1), axis=1)
-    return stores, jnp.where(valid & (reqs.inverse < r), new_ctx, NO_CONTEXT)
+    new_ctx = jnp.where(valid & (reqs.inverse < r), new_ctx, NO_CONTEXT)
+    if optional is None:
+        return stores, new_ctx
+    # Duplicates take their source's context (a request's, or the first equal optional row's).
+    from_req = jnp.take_along_axis(created, jnp.argmax(same_req, axis=-1), axis=1)
+    from_opt = jnp.take_along_axis(opt_created, jnp.argmax(same_opt, axis=-1), axis=1)
+    opt_ctx = jnp.where(jnp.any(same_req, axis=-1), from_req, jnp.where(jnp.any(same_opt, axis=-1), from_opt, opt_created))
+    return stores, new_ctx, jnp.where(opt_valid, opt_ctx, NO_CONTEXT)
 
 
 def context_stats(stores: ContextStore) -> dict[str, int]:
