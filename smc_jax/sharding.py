@@ -38,6 +38,7 @@ from jaxtyping import PRNGKeyArray
 
 from smc_jax.ensemble import Ensemble
 from smc_jax.experts.base import ExpertGroup, stack_experts
+from smc_jax.experts.byte import PrefetchCache
 from smc_jax.models.contexts import ContextStore
 from smc_jax.models.paged import KVPool, PagedTransformer
 from smc_jax.models.params import SEP, Params
@@ -134,8 +135,8 @@ def _particle_major(leaf: jax.Array | jax.ShapeDtypeStruct, axis: int = 0) -> P:
 def state_specs(state: SMCState, mesh: Mesh, rules: str | ParamRules = "replicated") -> SMCState:
     """The PartitionSpec of every leaf of a sampler state (concrete or abstract), as an SMCState.
 
-    Expert-state leaves inside a `ContextStore` are replicated over "particles" (a transformer's
-    KV pool is laid out by `rules`); every other expert-state leaf must be particle-major (the
+    Expert-state leaves inside a `ContextStore` or a byte expert's `PrefetchCache` are replicated
+    over "particles" (a transformer's KV pool is laid out by `rules`); every other expert-state leaf must be particle-major (the
     expert contract), else a ValueError names it.
 
     Parameters
@@ -158,6 +159,8 @@ def state_specs(state: SMCState, mesh: Mesh, rules: str | ParamRules = "replicat
         return _particle_major(leaf)
 
     def expert_node(path, node) -> PyTree:
+        if isinstance(node, PrefetchCache):  # per expert and shared by its particles, like the store
+            return jax.tree.map(lambda _: P(), node)
         if isinstance(node, ContextStore):
             pool = node.pool
             if isinstance(pool, KVPool):
@@ -178,7 +181,7 @@ def state_specs(state: SMCState, mesh: Mesh, rules: str | ParamRules = "replicat
         log_weights=_particle_major(state.log_weights),
         log_prefix=_particle_major(state.log_prefix),
         expert_state=jax.tree_util.tree_map_with_path(
-            expert_node, state.expert_state, is_leaf=lambda x: isinstance(x, ContextStore)
+            expert_node, state.expert_state, is_leaf=lambda x: isinstance(x, (ContextStore, PrefetchCache))
         ),
         trace=trace._replace(
             ess=P(),
