@@ -115,8 +115,11 @@ class SamplerSettings:
             raise ValueError(f"heal must be True or False, got {self.heal!r}")
         if not self.heal and self.level != "byte":
             raise ValueError("heal=False turns off the byte beams' token healing: it needs level='byte'")
-        if not (isinstance(self.prefetch, (int, np.integer)) and self.prefetch >= 0 and self.prefetch_rows >= 0):
+        counts = (self.prefetch, self.prefetch_rows)
+        if not all(isinstance(n, (int, np.integer)) and not isinstance(n, bool) and n >= 0 for n in counts):
             raise ValueError(f"prefetch and prefetch_rows must be integers >= 0, got {self.prefetch!r}, {self.prefetch_rows!r}")
+        if self.prefetch and self.level != "byte":
+            raise ValueError("prefetch creates the byte beams' contexts ahead of time: it needs level='byte'")
         if self.prompt_as_bytes and self.level != "byte":
             raise ValueError("prompt_as_bytes reads prompts through the byte beam: it needs level='byte'")
         self.smc()  # M, L, ESS threshold, resampler and at_max_length are checked by the engine

@@ -34,6 +34,9 @@ def test_sample_defaults_are_the_settings_defaults():
     ({"prompt_as_bytes": True, "level": "token"}, "prompt_as_bytes"),
     ({"heal": False, "level": "token"}, "heal"),
     ({"heal": "no"}, "heal"),
+    ({"prefetch": 16, "level": "token"}, "prefetch"),
+    ({"prefetch": -1, "level": "byte"}, "prefetch"),
+    ({"prefetch": 16, "prefetch_rows": 1.5, "level": "byte"}, "prefetch_rows"),
 ])
 def test_bad_settings_are_rejected_on_construction(changes, message):
     with pytest.raises(ValueError, match=message):
