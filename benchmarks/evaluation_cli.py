@@ -18,6 +18,14 @@ DEFAULT_CROSS_MODEL = "gemma3-270m"
 BYTES_PER_TOKEN = 4
 
 
+def positive_int(text: str) -> int:
+    """argparse type: an integer >= 1 (a clear usage error instead of a sampler traceback)."""
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {value}")
+    return value
+
+
 def add_common_arguments(parser: argparse.ArgumentParser, *, particles: Sequence[int], seeds: Sequence[int]) -> None:
     parser.add_argument("--model", default=DEFAULT_MODEL,
                         help="main model: an embedded name, a local checkpoint directory or a .gguf file")
@@ -27,14 +35,14 @@ def add_common_arguments(parser: argparse.ArgumentParser, *, particles: Sequence
                         help="the prompt both models read in cross-model methods")
     parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
     parser.add_argument("--fs", nargs="+", default=list(PAPER_FS), help="f-ensembles (names or exponents tau)")
-    parser.add_argument("--particles", "-M", nargs="+", type=int, default=list(particles), help="particle counts M")
+    parser.add_argument("--particles", "-M", nargs="+", type=positive_int, default=list(particles), help="particle counts M")
     parser.add_argument("--seeds", nargs="+", type=int, default=list(seeds))
-    parser.add_argument("--limit", type=int, default=None, help="instances per task (seeded draw; all when omitted)")
+    parser.add_argument("--limit", type=positive_int, default=None, help="instances per task (seeded draw; all when omitted)")
     parser.add_argument("--instance-seed", type=int, default=0, help="seed of the instance draw")
     parser.add_argument("--max-words", type=int, default=None,
                         help="word sorting only: keep lists of at most this many words before the draw")
-    parser.add_argument("--max-length", type=int, default=32, help="length limit in tokens (token and local levels)")
-    parser.add_argument("--max-bytes", type=int, default=None,
+    parser.add_argument("--max-length", type=positive_int, default=32, help="length limit in tokens (token and local levels)")
+    parser.add_argument("--max-bytes", type=positive_int, default=None,
                         help=f"length limit in bytes (byte level); default {BYTES_PER_TOKEN} x --max-length")
     parser.add_argument("--at-max-length", choices=("truncate", "eos"), default="truncate",
                         help="truncate: strings cut at the limit are unfinished (wrong); eos: forced EOS there, "

@@ -333,3 +333,16 @@ def test_a_complete_last_line_that_is_not_a_record_is_an_error(tmp_path):
     path.write_bytes(path.read_bytes() + b'{"task": "word_sorting"}\n')  # whole line, so not a torn write
     with pytest.raises(ValueError, match=r"runs\.jsonl:5: not a record"):
         RecordStore(path, SETTINGS)
+
+
+def test_study_scripts_reject_non_positive_counts_before_any_work():
+    import argparse
+
+    from benchmarks.evaluation_cli import add_common_arguments
+
+    parser = argparse.ArgumentParser()
+    add_common_arguments(parser, particles=[8], seeds=[0])
+    assert parser.parse_args(["--particles", "4", "8"]).particles == [4, 8]
+    for flag in ("--particles", "--limit", "--max-length", "--max-bytes"):
+        with pytest.raises(SystemExit):
+            parser.parse_args([flag, "0"])
