@@ -86,6 +86,7 @@ def _score(experts: ByteExperts, data: jax.Array, lengths: jax.Array) -> _Scored
         return state, jnp.where(active[0], logp, 0.0)
 
     final, cond = jax.lax.scan(body, state, (data.T, jnp.arange(data.shape[1])))
+    final = experts.heal_eos(final, jnp.ones((1,), bool))  # every string ends: EOS must be read
     return _Scored(
         start_log_mass=start.log_mass[0],
         log_mass=final.beams.log_mass[0],

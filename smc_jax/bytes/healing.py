@@ -37,6 +37,18 @@ the shift and the distribution threshold extensions against different totals). S
 byte's conditional; sampling never draws a byte its distribution gives 0, but a beam emptied by
 a byte drawn from other experts (e.g. a mixture) is revived instead of staying empty.
 
+End of string. EOS is reachable only at a token boundary, so a beam whose hypotheses all sit
+inside tokens (or whose boundary extensions the threshold dropped) gives EOS probability 0 even
+though the string has tokenizations that end it. Where EOS *must* be read -- the sampler's
+forced EOS at the length limit (`at_max_length="eos"`), and the end of a scored string -- EOS
+healing (`healed_eos`) takes the same candidates with EOS as the last replayed symbol: back off
+j bytes, commit t_1, replay the j bytes with splits, then commit the token the replay stopped in
+(t_n, which must exist). The path's term e = log p(c) + sum_i log p(t_i | ...) + log p(EOS |
+c + t_1..t_n) counts one tokenization of the string followed by EOS, so P(x EOS) is never
+overstated, and EOS gets e - logaddexp(T, e) like a healed byte. It runs only where EOS has
+probability 0, so it changes nothing else; genlm-bytes has no EOS healing (its EOS, too, is
+only reached through a token boundary).
+
 Differences from genlm-bytes (0.2.0, `byte_lm/heal.py`):
 * the back-off is bounded (`BeamConfig.heal_max_backoff`, J = 16 by default; genlm: unlimited)
   and so are the splits (at most one per replayed byte, <= J);
@@ -56,7 +68,7 @@ from typing import NamedTuple
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int
 
-from smc_jax.bytes.beam import BeamConfig, BeamState, ByteSummary, prune_mask
+from smc_jax.bytes.beam import EOS_BYTE, BeamConfig, BeamState, ByteSummary, prune_mask
 from smc_jax.bytes.sumtree import leaf_logprobs
 from smc_jax.bytes.trie import NO_NODE, ROOT, TokenTrie, child, node_logmass
 from smc_jax.models.contexts import NO_CONTEXT
@@ -86,14 +98,19 @@ def _ends_token(trie: TokenTrie, node: Int[Array, "..."]) -> Bool[Array, "..."]:
 
 def plan_heal(trie: TokenTrie, beam: BeamState, byte: Int[Array, "M"], config: BeamConfig) -> HealPlan:
     """Checks every healing candidate of the beam *before* it reads `byte` (trie only, no model).
+    A byte equal to EOS_BYTE plans an EOS heal: the replay ends by closing the token it is in
+    (committing it; nothing to close at the root), and the plan's node is the root.
 
-    Candidates: the hypotheses the shift keeps (`prune_mask`) x back-offs j = 0..J. The walk is
-    a fixed loop of J + 1 replay positions over all candidates at once (position i of back-off
-    j replays p[d - j + i] for i < j, then the byte at i = j; positions i > j are idle)."""
+    Candidates: the hypotheses the shift keeps (`prune_mask`; for EOS, all of them) x back-offs
+    j = 0..J. The walk is a fixed loop of J + 1 replay positions over all candidates at once
+    (position i of back-off j replays p[d - j + i] for i < j, then the byte at i = j; positions
+    i > j are idle)."""
     m, c = beam.node.shape
     depth_limit = config.heal_max_backoff
     s = depth_limit + 1
-    kept = prune_mask(beam.weight, config) & (beam.context != NO_CONTEXT)
+    # A byte backs off from the hypotheses the shift keeps (genlm's pruned beam); EOS, read
+    # without a shift, from every hypothesis of the beam.
+    kept = (prune_mask(beam.weight, config) | (byte == EOS_BYTE)[:, None]) & (beam.context != NO_CONTEXT)
     node = jnp.where(kept, beam.node, NO_NODE)
     # ancestors[..., j]: the node j bytes above u (NO_NODE above the root).
     ancestors = [node]
@@ -121,9 +138,11 @@ def plan_heal(trie: TokenTrie, beam: BeamState, byte: Int[Array, "M"], config: B
     for i in range(s):
         live = ok & (i <= back)[None, None]
         x = replay[..., i]
-        nxt = child(trie, current, x)
-        fresh = child(trie, jnp.full_like(current, ROOT), x)
-        split = live & (nxt == NO_NODE)
+        # EOS (only ever the last replayed symbol) closes the current token instead of reading.
+        close = live & (x == EOS_BYTE)
+        nxt = child(trie, current, x)  # NO_NODE for EOS
+        fresh = jnp.where(close, ROOT, child(trie, jnp.full_like(current, ROOT), x))
+        split = live & (nxt == NO_NODE) & ~(close & (current == ROOT))
         can = _ends_token(trie, current) & (fresh != NO_NODE)
         ok = ok & ~(split & ~can)
         split = split & ok
@@ -201,3 +220,25 @@ def zero_byte_logprob(before: BeamState, after: BeamState, byte: Int[Array, "M"]
     read = zero & jnp.isfinite(w) & jnp.isfinite(before.log_mass)
     byte_logp = w - jnp.logaddexp(before.log_mass, w)
     return after._replace(healed=read, healed_logp=jnp.where(read, byte_logp, 0.0))
+
+
+def healed_eos(
+    table: ByteSummary, beam: BeamState, heal: Bool[Array, "M"], context: Int[Array, "M"], logp: Float[Array, "M"]
+) -> BeamState:
+    """The next-byte distribution with EOS healed where `heal`: the path's term
+    e = log p(tokens) + log p(EOS | context) joins the beam's terms (total T = `log_mass`), so
+
+        p(EOS) = e^e / (e^T + e^e),    p(b) = p_before(b) e^T / (e^T + e^e),
+
+    the rule of a healed byte (`zero_byte_logprob`). Counts the heal; `log_mass` is unchanged."""
+    rows = jnp.clip(context, 0, table.eos.shape[0] - 1)
+    e = jnp.where(context != NO_CONTEXT, logp + table.eos[rows], -jnp.inf)
+    heal = heal & jnp.isfinite(e) & jnp.isfinite(beam.log_mass)
+    norm = jnp.logaddexp(beam.log_mass, e)
+    healed = jnp.concatenate(
+        [beam.next_logp[:, :EOS_BYTE] + (beam.log_mass - norm)[:, None], (e - norm)[:, None]], axis=1
+    )
+    return beam._replace(
+        next_logp=jnp.where(heal[:, None], healed, beam.next_logp),
+        heals=beam.heals + heal.astype(jnp.int32),
+    )

@@ -183,6 +183,18 @@ class ExpertStack:
     def reorder(self, state: tuple, ancestors: Int[Array, "M"]) -> tuple:
         return tuple(g.reorder(s, ancestors) for g, s in zip(self.groups, state))
 
+    def heal_eos(self, state: tuple, forced: Bool[Array, "M"]) -> tuple:
+        """Every group's `expert_heal_eos`.
+
+        Parameters
+        ----------
+        state : tuple
+            The stack's state.
+        forced : jax.Array, shape [M], bool
+            The particles whose next symbol is EOS.
+        """
+        return tuple(expert_heal_eos(g, s, forced) for g, s in zip(self.groups, state))
+
     def failure(self, state: tuple) -> Exception | None:
         """The first group's failure after a run (an exception to raise) (see `expert_failure`), or None.
 
@@ -222,6 +234,15 @@ def expert_failure(group: ExpertGroup, state: PyTree) -> Exception | None:
     check = getattr(group, "failure", None)
     problem = check(state) if check is not None else None
     return RuntimeError(problem) if isinstance(problem, str) else problem
+
+
+def expert_heal_eos(group: ExpertGroup, state: PyTree, forced: Bool[Array, "M"]) -> PyTree:
+    """The state before the particles in `forced` read EOS (the sampler's forced EOS at the
+    length limit, the end of a scored string): groups that can give EOS a probability where it
+    had 0 define `heal_eos(state, forced)` (byte-level experts: EOS healing,
+    `smc_jax.bytes.healing`); for the others the state is unchanged."""
+    heal = getattr(group, "heal_eos", None)
+    return heal(state, forced) if heal is not None else state
 
 
 def stack_experts(experts: ExpertGroup | Sequence[ExpertGroup]) -> ExpertGroup:

@@ -41,7 +41,7 @@ from smc_jax.bytes.beam import (
     shift_requests,
     summarize_logits,
 )
-from smc_jax.bytes.healing import HealPlan, healed_beam, plan_heal, token_logprob, zero_byte_logprob
+from smc_jax.bytes.healing import HealPlan, healed_beam, healed_eos, plan_heal, token_logprob, zero_byte_logprob
 from smc_jax.bytes.trie import TokenTrie
 from smc_jax.bytes.vocab import NUM_BYTES
 from smc_jax.experts.model_base import ModelExperts
@@ -181,15 +181,18 @@ class ByteExperts(ModelExperts):
         token: Int[Array, "M K R"],
         wanted: Bool[Array, "M K R"],
         prefetch: bool = False,
+        also_keep: Int[Array, "M K X"] | None = None,
     ) -> tuple[ContextStore, PrefetchCache, Int[Array, "M K R"]]:
         """Creates the wanted contexts parent + token with one model call for all particles,
         requests and K experts (none if nothing is wanted); returns them (NO_CONTEXT elsewhere).
-        With `prefetch` (and prefetching on), the call also creates the prefetch candidates
-        and they become the cache; without a call the cache stays."""
+        The beams' contexts, the cache's and `also_keep` survive the call. With `prefetch` (and
+        prefetching on), the call also creates the prefetch candidates and they become the
+        cache; without a call the cache stays."""
         beams, stores, cache = state
         m, k, r = wanted.shape
         flat = lambda x: jnp.moveaxis(x, 1, 0).reshape(k, -1)
-        keep = jnp.concatenate([flat(beams.context), flat(beams.ext_context), cache.context], axis=1)
+        kept = [flat(beams.context), flat(beams.ext_context), cache.context]
+        keep = jnp.concatenate(kept + ([] if also_keep is None else [flat(also_keep)]), axis=1)
         args = (stores, self.model, self.prefixes, flat(parent), flat(token), flat(wanted), keep, self._summarize,
                 bucket_sizes(m * r, typical=m))  # ~one fresh context per particle and step
         if not (prefetch and self.cache_slots):
@@ -325,13 +328,54 @@ class ByteExperts(ModelExperts):
     def _heal(self, state: ByteExpertState, before: BeamState, byte: Int[Array, "M K"], active: Bool[Array, "M K"]) -> ByteExpertState:
         """Token healing (`smc_jax.bytes.healing`) of the beams the byte emptied: plans every
         candidate from the trie (only when some beam is empty), then creates the chosen path's
-        contexts one token at a time, each one call batched over particles and experts (a loop
-        that runs zero times when nothing heals)."""
+        contexts (`_follow`)."""
         empty = active & ~jnp.isfinite(state.beams.log_mass)
-        plan_fn = jax.vmap(lambda beam, b: plan_heal(self.trie, beam, b, self.beam), in_axes=(1, 1), out_axes=1)
-        blank = jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), jax.eval_shape(plan_fn, before, byte))
-        plan: HealPlan = jax.lax.cond(jnp.any(empty), lambda: plan_fn(before, byte), lambda: blank)
+        plan = self._plan_heal(before, byte, empty)
         need = empty & plan.found
+        stores, context, logp = self._follow(state, plan, need)
+        beams = jax.vmap(
+            lambda table, shifted, old, heal, ctx, lp, node: healed_beam(self.trie, table, shifted, old, heal, ctx, lp, node),
+            in_axes=(0, 1, 1, 1, 1, 1, 1), out_axes=1,
+        )(stores.summary, state.beams, before, need, context, logp, plan.node)
+        beams = jax.vmap(zero_byte_logprob, in_axes=1, out_axes=1)(before, beams, byte)
+        beams = beams._replace(healed=beams.healed & active, healed_logp=jnp.where(active, beams.healed_logp, 0.0))
+        return ByteExpertState(beams, stores, state.cache)
+
+    def heal_eos(self, state: ByteExpertState, forced: Bool[Array, "M"]) -> ByteExpertState:
+        """EOS healing (`smc_jax.bytes.healing.healed_eos`) for the particles that must read EOS
+        next (`forced`): where a beam gives EOS probability 0, one tokenization of its string
+        that ends at a token boundary is followed (its contexts created by `_follow`) and EOS
+        gets that path's probability. A no-op with healing off and where EOS is possible.
+
+        Parameters
+        ----------
+        state : ByteExpertState
+            The experts' state.
+        forced : jax.Array, shape [M], bool
+            The particles whose next symbol is EOS.
+        """
+        if not self.beam.heal:
+            return state
+        beams = state.beams
+        zero = forced[:, None] & ~jnp.isfinite(beams.next_logp[..., EOS_BYTE]) & jnp.isfinite(beams.log_mass)
+        plan = self._plan_heal(beams, jnp.full(zero.shape, EOS_BYTE, jnp.int32), zero)
+        need = zero & plan.found
+        stores, context, logp = self._follow(state, plan, need)
+        beams = jax.vmap(healed_eos, in_axes=(0, 1, 1, 1, 1), out_axes=1)(stores.summary, beams, need, context, logp)
+        return ByteExpertState(beams, stores, state.cache)
+
+    def _plan_heal(self, beams: BeamState, byte: Int[Array, "M K"], wanted: Bool[Array, "M K"]) -> HealPlan:
+        """`plan_heal` of every beam, computed only when some beam is `wanted` (else all not found)."""
+        plan_fn = jax.vmap(lambda beam, b: plan_heal(self.trie, beam, b, self.beam), in_axes=(1, 1), out_axes=1)
+        blank = jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), jax.eval_shape(plan_fn, beams, byte))
+        return jax.lax.cond(jnp.any(wanted), lambda: plan_fn(beams, byte), lambda: blank)
+
+    def _follow(
+        self, state: ByteExpertState, plan: HealPlan, need: Bool[Array, "M K"]
+    ) -> tuple[ContextStore, Int[Array, "M K"], Float[Array, "M K"]]:
+        """Creates the planned paths' contexts one token at a time, each one call batched over
+        particles and experts (a loop that runs zero times when nothing is needed): the stores,
+        each path's last context and log p(its tokens)."""
         count = jnp.where(need, plan.count, 0)
         per_expert = lambda fn: jax.vmap(fn, in_axes=(0, 1, 1), out_axes=1)
 
@@ -340,24 +384,18 @@ class ByteExperts(ModelExperts):
             want = need & (i < count)
             position = jnp.take(plan.positions, i, axis=2)
             logp = jnp.where(want, logp + per_expert(token_logprob)(stores.summary, context, position), logp)
-            # The path's current context must survive the call (the emptied beam holds nothing).
-            holder = state.beams.context.at[:, :, 0].set(jnp.where(need, context, state.beams.context[:, :, 0]))
+            # The path's current context must survive the call (no beam holds it).
             stores, _, created = self._create(
-                ByteExpertState(state.beams._replace(context=holder), stores, state.cache),
+                ByteExpertState(state.beams, stores, state.cache),
                 context[..., None], jnp.take(plan.tokens, i, axis=2)[..., None], want[..., None],
+                also_keep=jnp.where(need, context, NO_CONTEXT)[..., None],
             )
             return stores, jnp.where(want, created[..., 0], context), logp, i + 1
 
         stores, context, logp, _ = jax.lax.while_loop(
             lambda carry: carry[3] < jnp.max(count), body, (state.stores, plan.source, plan.source_logp, jnp.int32(0))
         )
-        beams = jax.vmap(
-            lambda table, shifted, old, heal, ctx, lp, node: healed_beam(self.trie, table, shifted, old, heal, ctx, lp, node),
-            in_axes=(0, 1, 1, 1, 1, 1, 1), out_axes=1,
-        )(stores.summary, state.beams, before, need, context, logp, plan.node)
-        beams = jax.vmap(zero_byte_logprob, in_axes=1, out_axes=1)(before, beams, byte)
-        beams = beams._replace(healed=beams.healed & active, healed_logp=jnp.where(active, beams.healed_logp, 0.0))
-        return ByteExpertState(beams, stores, state.cache)
+        return stores, context, logp
 
     def reorder(self, state: ByteExpertState, ancestors: Int[Array, "M"]) -> ByteExpertState:
         return state._replace(beams=jax.tree.map(lambda x: jnp.take(x, ancestors, axis=0), state.beams))
@@ -390,7 +428,8 @@ def _read_bytes(
     experts: ByteExperts, state: ByteExpertState, data: Int[Array, "T"], length: Int[Array, ""]
 ) -> tuple[ByteExpertState, Float[Array, "T"]]:
     """Feeds data[:length] to one particle (data is padded to a bucket length, so strings of
-    similar lengths share one compilation): the final state and the per-byte conditionals."""
+    similar lengths share one compilation): the final state (EOS healed: `ByteExperts.heal_eos`)
+    and the per-byte conditionals."""
 
     def body(state, inputs):
         byte, position = inputs
@@ -401,7 +440,9 @@ def _read_bytes(
         logp = jnp.where(state.beams.healed[0, 0], state.beams.healed_logp[0, 0], logp)
         return state, jnp.where(active[0], logp, 0.0)
 
-    return jax.lax.scan(body, state, (data, jnp.arange(data.shape[0])))
+    final, cond = jax.lax.scan(body, state, (data, jnp.arange(data.shape[0])))
+    # The string ends here: EOS must be read, so a beam that gives it 0 is healed.
+    return experts.heal_eos(final, jnp.ones((1,), bool)), cond
 
 
 def _bucket_length(n: int, smallest: int = 8) -> int:
@@ -417,14 +458,16 @@ class ByteLogprob(NamedTuple):
     `prefix`: log of the beam's total weight after the string minus that after the prompt
     (genlm's logZ - base): the exact prefix probability with an unpruned beam, a lower bound
     otherwise (for a prompt read as bytes, the ratio of two such bounds). `complete`: prefix + log P(EOS |
-    string). `conditionals[i]`: log P(byte i | bytes < i) (their sum is the chain-rule prefix
-    log-probability under the beam's own, normalized, conditionals)."""
+    string), with EOS healed where the beam gave it 0 (`ByteExperts.heal_eos`), so a string
+    with a tokenization never gets -inf. `conditionals[i]`: log P(byte i | bytes < i) (their sum
+    is the chain-rule prefix log-probability under the beam's own, normalized, conditionals).
+    `next_logprobs`: the distribution after the string (EOS healed too)."""
 
     prefix: float
     complete: float
     conditionals: np.ndarray
     next_logprobs: np.ndarray  # [257] after the string
-    healed: int = 0  # bytes that needed token healing (`smc_jax.bytes.healing`)
+    healed: int = 0  # bytes (and the end, EOS) that needed token healing (`smc_jax.bytes.healing`)
 
 
 def byte_logprob(experts: ByteExperts, data: bytes) -> ByteLogprob:

@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float, Int
 
-from smc_jax.experts.base import PAD_SYMBOL, ExpertGroup, eos_symbol
+from smc_jax.experts.base import PAD_SYMBOL, ExpertGroup, eos_symbol, expert_heal_eos
 
 
 class Scores(NamedTuple):
@@ -107,6 +107,7 @@ def teacher_force(
 
     def body(state, inputs):
         t, sym = inputs
+        state = expert_heal_eos(experts, state, t == lengths)  # each string's EOS must be read
         logp = experts.logprobs(state).astype(jnp.float32)  # [N, K, A+1]
         picked = jnp.take_along_axis(logp, sym[:, None, None], axis=2)[..., 0]  # [N, K]
         picked = jnp.where((t <= lengths)[:, None], picked, 0.0)

@@ -23,7 +23,8 @@ strings over active ones -- copies that add no diversity, since a finished strin
 
 At the length limit L the only admissible symbol is EOS: the proposal puts all its mass
 there and the weight gains log psi(EOS | x), so the sampler targets phi restricted to strings of
-length <= L, unbiasedly (`at_max_length="eos"`). `at_max_length="truncate"` instead stops
+length <= L, unbiasedly (`at_max_length="eos"`). Before that step, experts that give EOS
+probability 0 may heal it (`expert_heal_eos`: byte beams back off to a token boundary). `at_max_length="truncate"` instead stops
 particles at L without that factor; their strings are marked unfinished and their weights are
 psi(x) / q(x) - a different (prefix) target, reported, never hidden.
 
@@ -46,7 +47,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray
 
 from smc_jax.ensemble import Ensemble
-from smc_jax.experts.base import ExpertGroup, expert_failure, expert_stats, stack_experts
+from smc_jax.experts.base import ExpertGroup, expert_failure, expert_heal_eos, expert_stats, stack_experts
 from smc_jax.smc import progress as progress_hooks
 from smc_jax.smc.resampling import effective_sample_size, get_resampler, resample_within
 from smc_jax.smc.result import SMCResult, ZeroWeightError
@@ -212,6 +213,10 @@ class SMC:
         ESS is low) and `record` (the trace row of this step).
         """
         key, key_sample, key_resample = jax.random.split(state.key, 3)
+        if self.at_max_length == "eos":
+            # At the limit EOS must be read: an expert that gives it 0 may heal it (byte beams).
+            forced = (state.step >= self.max_length) & ~state.done
+            state = state._replace(expert_state=expert_heal_eos(experts, state.expert_state, forced))
         logp = experts.logprobs(state.expert_state)
         # The expert-group contract at the engine's boundary (static shapes: no run-time cost).
         chex.assert_shape(logp, (self.num_particles, experts.num_experts, experts.alphabet_size + 1))

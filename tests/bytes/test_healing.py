@@ -3,9 +3,11 @@
 import itertools
 
 import numpy as np
+import jax
+import jax.numpy as jnp
 import pytest
 
-from smc_jax.bytes.beam import BeamConfig
+from smc_jax.bytes.beam import EOS_BYTE, BeamConfig
 from smc_jax.experts.byte import byte_logprob
 from tests.bytes.test_beam import ExactByteLM, make
 
@@ -33,9 +35,9 @@ class _Exact(ExactByteLM):
 @pytest.mark.parametrize("width, threshold", [(1, 0.0), (2, 0.6)])
 def test_healing_gives_every_string_positive_probability_below_the_exact_one(width, threshold):
     """Every string has a tokenization (single bytes), so with healing each gets a finite
-    prefix and per-byte log-probability under any width and threshold, and never more than the
-    exact sum over tokenizations (the end of string is not healed: a threshold can still drop
-    the extension that EOS needs, so `complete` is only bounded)."""
+    prefix, per-byte log-probability and complete-string probability (EOS healed where the
+    beam gave it 0) under any width and threshold, and never more than the exact sum over
+    tokenizations."""
     lm, experts = _make(width, threshold, seed=1)
     exact = _Exact(lm, VOCAB, (1,))
     healed = 0
@@ -44,7 +46,9 @@ def test_healing_gives_every_string_positive_probability_below_the_exact_one(wid
         assert np.isfinite(got.prefix), x
         assert np.all(np.isfinite(got.conditionals)) and np.all(got.conditionals <= 0), (x, got.conditionals)
         assert got.prefix <= exact.prefix(x) + 1e-5, x
+        assert np.isfinite(got.complete), x
         assert got.complete <= exact.complete(x) + 1e-5, x
+        assert got.next_logprobs[EOS_BYTE] <= 0 and abs(np.logaddexp.reduce(got.next_logprobs)) < 1e-5, x
         assert not np.isnan(got.next_logprobs).any()
         healed += got.healed
     assert healed > 0  # the back-off path ran
@@ -54,6 +58,68 @@ def test_without_healing_the_same_beam_loses_strings():
     lm, experts = _make(1, 0.0, heal=False, seed=1)
     lost = sum(not np.isfinite(byte_logprob(experts, x).prefix) for x in STRINGS)
     assert lost > 0
+
+
+def test_eos_healing_changes_only_an_impossible_end():
+    """A threshold drops the extensions EOS needs (a token boundary), so a beam that reads a
+    string's bytes can still give EOS probability 0. `heal_eos` then gives EOS a finite
+    probability, keeps the prefix mass and the bytes' relative probabilities, and the string's
+    probability stays at most the exact one; it changes nothing where EOS is possible or where
+    EOS is not forced."""
+    lm, experts = _make(2, 0.3, seed=1)
+    exact = _Exact(lm, VOCAB, (1,))
+    start = jax.jit(lambda e: e.init(1))(experts)
+    read = jax.jit(lambda e, s, b: e.advance(s, b, jnp.ones((1,), bool)))
+    heal = jax.jit(lambda e, s, forced: e.heal_eos(s, forced))
+    yes, no = jnp.ones((1,), bool), jnp.zeros((1,), bool)
+    healed = possible = 0
+    for x in STRINGS:
+        state = start
+        for b in x:
+            state = read(experts, state, jnp.asarray([b], jnp.int32))
+        before = jax.tree.map(np.asarray, state.beams)
+        if not np.isfinite(before.log_mass[0, 0]):
+            continue  # emptied by a byte without a tokenization in reach: byte healing's case
+        unforced = jax.tree.map(np.asarray, heal(experts, state, no).beams)
+        np.testing.assert_array_equal(unforced.next_logp, before.next_logp)
+        after = jax.tree.map(np.asarray, heal(experts, state, yes).beams)
+        np.testing.assert_array_equal(after.log_mass, before.log_mass)
+        eos_before, eos_after = before.next_logp[0, 0, EOS_BYTE], after.next_logp[0, 0, EOS_BYTE]
+        if np.isfinite(eos_before):
+            possible += 1
+            np.testing.assert_array_equal(after.next_logp, before.next_logp)
+            assert after.heals[0, 0] == before.heals[0, 0]
+            continue
+        healed += 1
+        assert np.isfinite(eos_after) and after.heals[0, 0] == before.heals[0, 0] + 1, x
+        finite = np.isfinite(before.next_logp[0, 0, :EOS_BYTE])
+        np.testing.assert_array_equal(np.isfinite(after.next_logp[0, 0, :EOS_BYTE]), finite)
+        shift = after.next_logp[0, 0, :EOS_BYTE][finite] - before.next_logp[0, 0, :EOS_BYTE][finite]
+        np.testing.assert_allclose(shift, shift[0], atol=1e-5)  # renormalized only
+        assert abs(np.logaddexp.reduce(after.next_logp[0, 0])) < 1e-5
+        start_mass = float(np.asarray(start.beams.log_mass)[0, 0])
+        complete = float(before.log_mass[0, 0]) - start_mass + float(eos_after)
+        assert complete <= exact.complete(x) + 1e-5, x
+    assert healed > 0 and possible > 0, (healed, possible)
+
+
+def test_forced_eos_does_not_kill_particles_with_healing():
+    """Byte SMC, product of two prompts, pruned beams, forced EOS at the limit: without
+    healing, particles whose beams lost every token boundary get weight 0 at the forced EOS;
+    with it, none does (every string here has a tokenization that ends it)."""
+    from smc_jax.ensemble import make_ensemble
+    from smc_jax.smc import SMC, run_batch
+
+    keys = jax.random.split(jax.random.key(0), 64)
+    dead = {}
+    for heal in (False, True):
+        lm, experts = make(vocab=VOCAB, prompts=((1,), (2, 0)), width=2, threshold=0.3, seed=1, order=2, max_tokens=8)
+        experts = experts.replace(eos_ids=(EOS_ID,), beam=BeamConfig(width=2, threshold=0.3, heal=heal))
+        states = run_batch(SMC(num_particles=4, max_length=4), keys, experts, make_ensemble("product", 2))
+        lw = np.asarray(states.log_weights)
+        assert not np.isnan(lw).any() and np.all(np.asarray(states.eos) | (lw == -np.inf))
+        dead[heal] = int(np.sum(lw == -np.inf))
+    assert dead[False] > 0 and dead[True] == 0, dead
 
 
 def test_unpruned_beam_never_heals_and_changes_nothing():
