@@ -321,15 +321,16 @@ def save_smc(args: argparse.Namespace, rows: list[dict]) -> None:
         f"healing off and on. dead_final: particles with log weight -inf at the end; dead_particle_steps: "
         f"-inf entries of the log-weight trace over all steps (particles dead at a step, before resampling "
         f"replaces them); zero_weight_runs: runs with every particle dead (log Z-hat = -inf); heals: bytes "
-        f"healed along the particles' histories; log_Z_mean_finite: the mean log Z-hat over runs where it "
-        f"is finite. Seconds (per run, first run of a setting includes compilation) measured under load "
-        f"(shared machine)."
+        f"and forced ends of string (EOS at the length limit) healed along the particles' histories, summed "
+        f"over experts; log_Z_mean_finite: the mean log Z-hat over runs where it is finite. Seconds (per "
+        f"run, the first run of a setting includes compilation) are indicative only: see the load average "
+        f"under Settings."
     )
     name = "bench_healing_smc" if len(args.fs) > 1 else f"bench_healing_smc_{args.fs[0]}"
     print(save(name, summary, ["f", "heal", "runs", "dead_final", "dead_particle_steps", "particle_steps",
                                               "zero_weight_runs", "heals", "log_Z_mean_finite", "log_Z_per_seed"],
                {"particles": args.particles, "max_length": args.max_length, "seeds": args.seeds, "prompt": SMC_PROMPT,
-                **({"rows_from": "per-run rows printed by a run stopped after these settings"} if args.smc_rows else {})},
+                **({"rows_from": "per-run rows printed by an earlier run, re-summarized (--smc-rows)"} if args.smc_rows else {})},
                notes, appendix))
 
 
