@@ -88,7 +88,7 @@ def main() -> None:
         start = time.perf_counter()
         experts = sampler.grow_on_overflow(first_read)  # the smallest store that holds the run, as runs do
         compile_s = time.perf_counter() - start  # of the last (successful) capacity, plus smaller ones tried
-        seconds, _, (state, logps) = timed(lambda: jax.block_until_ready(read(experts, data)), args.repeats, warmup=0)
+        seconds, times, (state, logps) = timed(lambda: jax.block_until_ready(read(experts, data)), args.repeats, warmup=0)
         stats = context_stats(state.stores)
         logps = np.asarray(logps)
         read_logps = logps[np.arange(args.bytes)[:, None], np.arange(seqs)[None], np.asarray(data).T]
@@ -100,18 +100,20 @@ def main() -> None:
         rows.append({
             "model": name, "sequences": seqs, "beam_width": width, "heal": heal, "heals": heals, "bytes": args.bytes,
             "bytes_per_s": seqs * args.bytes / seconds, "seconds": seconds, "compile_s": compile_s,
+            "seconds_range": f"[{min(times):.3g}, {max(times):.3g}]",
             "calls_per_byte": stats["model_calls"] / args.bytes,
             "rows_per_call": stats["rows_needed"] / max(stats["model_calls"], 1),
             "store_scale": sampler.capacity_scale, "zero_prob_bytes": zero_bytes,
         })
-    columns = ["model", "sequences", "beam_width", "heal", "bytes_per_s", "calls_per_byte", "rows_per_call", "seconds", "compile_s",
-               "zero_prob_bytes", "heals"]
+    columns = ["model", "sequences", "beam_width", "heal", "bytes_per_s", "calls_per_byte", "rows_per_call", "seconds", "seconds_range",
+               "compile_s", "zero_prob_bytes", "heals"]
     table = save(args.output, rows, columns, {"bytes": args.bytes, "repeats": args.repeats, "prune_threshold": 0.05,
                                                 "prompt": PROMPT},
                  notes="Next-byte distributions along a fixed text (teacher forcing), float32 on CPU, token "
                        "healing on and off for every setting (heals: bytes healed, summed over the sequences; "
-                       "zero_prob_bytes: bytes the next-byte distribution before them gave 0, healed ones included). Timings measured under load "
-                       "(shared 2-core machine): compare heal on/off within a pair of rows, not across runs.")
+                       "zero_prob_bytes: bytes the next-byte distribution before them gave 0, healed ones included). seconds: "
+                       f"the median of {args.repeats} runs after compilation, seconds_range their lowest and highest; "
+                       "the machine's load average at the end is under Settings.")
     print(table)
 
 
