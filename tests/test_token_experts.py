@@ -67,3 +67,21 @@ def test_single_prompt_truncated_log_z_is_zero():
     _, experts = make_experts(prompts=[[1]], max_tokens=5)
     res = SMC(num_particles=8, max_length=5, at_max_length="truncate")(jax.random.key(3), experts, make_ensemble("product", 1))
     np.testing.assert_allclose(res.log_Z, 0.0, atol=1e-5)
+
+
+def test_truncated_run_makes_no_call_after_its_last_symbol():
+    """At the length limit in truncate mode nothing reads the experts again, so the last step
+    makes no model call: with no EOS mass (compare_genlm's equal-work token target) L tokens
+    take L - 1 calls (the first distribution is the prompt's), with the samples and weights of
+    a run that calls there (a limit one longer: its first L steps are the same computation)."""
+    from benchmarks.compare_genlm import PrefixProduct
+
+    _, experts = make_experts(prompts=[[1]], max_tokens=6)
+    target = PrefixProduct(num_experts=1)
+    run = lambda length: SMC(num_particles=4, max_length=length, at_max_length="truncate", ess_threshold=0.0)(
+        jax.random.key(3), experts, target)
+    res, longer = run(5), run(6)
+    assert (np.asarray(res.lengths) == 5).all()
+    assert res.stats["model_calls"] == 4 and longer.stats["model_calls"] == 5, (res.stats, longer.stats)
+    np.testing.assert_array_equal(np.asarray(longer.symbols)[:, :5], np.asarray(res.symbols))
+    np.testing.assert_array_equal(np.asarray(longer.log_weight_trace)[4], np.asarray(res.log_weights))

@@ -26,7 +26,8 @@ there and the weight gains log psi(EOS | x), so the sampler targets phi restrict
 length <= L, unbiasedly (`at_max_length="eos"`). Before that step, experts that give EOS
 probability 0 may heal it (`expert_heal_eos`: byte beams back off to a token boundary). `at_max_length="truncate"` instead stops
 particles at L without that factor; their strings are marked unfinished and their weights are
-psi(x) / q(x) - a different (prefix) target, reported, never hidden.
+psi(x) / q(x) - a different (prefix) target, reported, never hidden. Nothing reads the experts
+after the last symbol there, so they are not advanced by it (no model call at the last step).
 
 Baselines: importance sampling is `ess_threshold=0`; the token-local ensemble
 (`method="local"`) samples q(a | x) ∝ f(p_1(a | x), ..., p_K(a | x)) (f applied to the
@@ -293,6 +294,9 @@ class SMC:
         log_prefix = jnp.where((extend | took_eos)[:, None], state.log_prefix + sym_logp, state.log_prefix)
         # Elementwise (a scatter at [m, lengths[m]] would make a sharded run gather its indices).
         write = extend[:, None] & (jnp.arange(self.max_length)[None, :] == state.lengths[:, None])
+        # Truncated at L, nothing reads the experts after the last step: skip their advance there
+        # (for a language model, a call whose next-token distribution nobody would use).
+        read_on = extend & (state.step + 1 < self.max_length) if self.at_max_length == "truncate" else extend
         return state._replace(
             symbols=jnp.where(write, symbols[:, None], state.symbols),
             lengths=state.lengths + extend.astype(jnp.int32),
@@ -300,7 +304,7 @@ class SMC:
             eos=state.eos | took_eos,
             log_weights=log_weights,
             log_prefix=log_prefix,
-            expert_state=experts.advance(state.expert_state, symbols, extend),
+            expert_state=experts.advance(state.expert_state, symbols, read_on),
         )
 
     def resample(
