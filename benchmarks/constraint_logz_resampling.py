@@ -24,6 +24,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from benchmarks.common import markdown_table, save  # noqa: E402
 from benchmarks.evaluate_constraints import constrained_instances  # noqa: E402
+from benchmarks.evaluation_cli import positive_int  # noqa: E402
 from smc_jax import load_model  # noqa: E402
 from smc_jax.evaluation import Settings, get_method  # noqa: E402
 from smc_jax.evaluation.methods import build_sampler, experts_for, instance_constraint  # noqa: E402
@@ -33,13 +34,15 @@ from smc_jax.tasks import get_task  # noqa: E402
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--limit", type=int, default=6, help="JSON instances (the study's seeded draw)")
+    parser.add_argument("--limit", type=positive_int, default=6, help="JSON instances (the study's seeded draw)")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
     parser.add_argument("--thresholds", type=float, nargs="+", default=[0.9, 0.5], help="SMC's ESS thresholds")
-    parser.add_argument("--particles", type=int, default=8)
-    parser.add_argument("--max-length", type=int, default=48)
+    parser.add_argument("--particles", type=positive_int, default=8)
+    parser.add_argument("--max-length", type=positive_int, default=48)
     parser.add_argument("--rows", help="summarize the per-run rows an earlier run printed (its log) instead of running")
     args = parser.parse_args()
+    if not all(0.0 <= t <= 1.0 for t in args.thresholds):  # before the model loads
+        parser.error(f"--thresholds must lie in [0, 1], got {args.thresholds}")
     settings = Settings(model="smollm2-135m-instruct", max_length=args.max_length, at_max_length="eos", temperature=1.0)
     instances, _ = constrained_instances("json", args.limit, 0, None, 5)
     runs = [("IS", "prompt1_constrained_is", settings.ess_threshold)]

@@ -24,8 +24,9 @@ strings over active ones -- copies that add no diversity, since a finished strin
 At the length limit L the only admissible symbol is EOS: the proposal puts all its mass
 there and the weight gains log psi(EOS | x), so the sampler targets phi restricted to strings of
 length <= L, unbiasedly (`at_max_length="eos"`). Before that step, experts that give EOS
-probability 0 may heal it (`expert_heal_eos`: byte beams back off to a token boundary). `at_max_length="truncate"` instead stops
-particles at L without that factor; their strings are marked unfinished and their weights are
+probability 0 may heal it (`expert_heal_eos`: byte beams back off to a token boundary).
+`at_max_length="truncate"` instead stops particles at L without that factor; their strings are
+marked unfinished and their weights are
 psi(x) / q(x) - a different (prefix) target, reported, never hidden. Nothing reads the experts
 after the last symbol there, so they are not advanced by it (no model call at the last step).
 
