@@ -26,9 +26,9 @@ there and the weight gains log psi(EOS | x), so the sampler targets phi restrict
 length <= L, unbiasedly (`at_max_length="eos"`). Before that step, experts that give EOS
 probability 0 may heal it (`expert_heal_eos`: byte beams back off to a token boundary).
 `at_max_length="truncate"` instead stops particles at L without that factor; their strings are
-marked unfinished and their weights are
-psi(x) / q(x) - a different (prefix) target, reported, never hidden. Nothing reads the experts
-after the last symbol there, so they are not advanced by it (no model call at the last step).
+marked unfinished and their weights are psi(x) / q(x) - a different (prefix) target, reported,
+never hidden. Nothing reads the experts after the last symbol there, so they are not advanced by
+it (no model call at the last step).
 
 Baselines: importance sampling is `ess_threshold=0`; the token-local ensemble
 (`method="local"`) samples q(a | x) ∝ f(p_1(a | x), ..., p_K(a | x)) (f applied to the
