@@ -55,6 +55,8 @@ from smc_jax.experts.constraint import (
 #: Default bound on the states of a compiled automaton (the [S, S] reachability check and the
 #: token tables grow with it); past it the compiler raises `AutomatonTooLargeError`.
 MAX_STATES = 4096
+#: The compiler's (unminimized) DFA may have at most this many times `max_states` states.
+RAW_STATES_FACTOR = 4
 
 #: JSON Schema keywords outlines-core would silently ignore (so the automaton would accept
 #: strings the schema rejects) or cannot translate: refused up front with the keyword named.
@@ -117,14 +119,15 @@ def regex(pattern: str, *, max_states: int = MAX_STATES) -> Automaton:
     except Exception as err:  # outlines-core raises plain ValueErrors with its parser's text
         if "Found no transitions" in str(err):  # its way of saying the language is empty
             raise ValueError(f"the constraint {pattern!r} matches no string (its language is empty)") from None
-        raise ValueError(f"cannot compile the regex {pattern!r}: {err}") from None
+        message = str(err).replace(pattern, pattern[:80] + "...") if len(pattern) > 80 else err
+        raise ValueError(f"cannot compile the regex {pattern[:200]!r}: {message}") from None
     transitions = index.get_transitions()
     states = sorted(set(transitions) | set(index.get_final_states()) | {index.get_initial_state()})
-    if len(states) > max_states:
-        raise AutomatonTooLargeError(
-            f"the automaton of {pattern[:80]!r} has {len(states)} states, more than max_states={max_states}; "
-            "simplify the pattern (bounded repetitions such as {0,500} multiply states) or raise max_states"
-        )
+    # The compiler's DFA is not minimal; the bound applies to the minimal one, but the raw one
+    # is bounded too (the normalization's reachability check is quadratic in its states).
+    if len(states) > RAW_STATES_FACTOR * max_states:
+        _too_large(pattern, len(states), max_states,
+                   f" (before minimization; {RAW_STATES_FACTOR} x max_states are allowed there)")
     ids = {s: i for i, s in enumerate(states)}
     dead = len(states)
     table = np.full((dead + 1, NUM_BYTES), dead, np.int64)
@@ -143,7 +146,17 @@ def regex(pattern: str, *, max_states: int = MAX_STATES) -> Automaton:
     accepting = final[table[cur, END_MARKER[-1]]] & (cur != dead)
     table[cur[accepting], END_MARKER[-1]] = dead
     table[dead] = dead
-    return Automaton.from_transitions(table, accepting, ids[index.get_initial_state()], source=pattern)
+    automaton = Automaton.from_transitions(table, accepting, ids[index.get_initial_state()], source=pattern)
+    if automaton.num_states > max_states:
+        _too_large(pattern, automaton.num_states, max_states)
+    return automaton
+
+
+def _too_large(pattern: str, states: int, max_states: int, when: str = "") -> None:
+    raise AutomatonTooLargeError(
+        f"the automaton of {pattern[:80]!r} has {states} states, more than max_states={max_states}{when}; "
+        "simplify the pattern (bounded repetitions such as {0,500} multiply states) or raise max_states"
+    )
 
 
 def check_schema_supported(schema: Any, path: str = "#") -> None:

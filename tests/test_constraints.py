@@ -68,6 +68,31 @@ def test_regex_automaton_agrees_with_python_re():
         assert not auto.accepting[auto.dead] and np.all(auto.transitions[auto.dead] == auto.dead)
 
 
+def test_automata_are_minimal():
+    # (a|b)*abb: the textbook minimal DFA has 4 states (+ the dead state); regex-automata emits
+    # more, and a repeated sub-pattern (W( W)*) would otherwise be copied.
+    assert regex("(a|b)*abb").num_states == 5
+    word = "(?:select|seek|[a-z]+_id)"
+    assert regex(f"{word}(?: {word})*").num_states == regex(f"(?:{word} )*{word}").num_states
+    # Minimal: no two states accept the same suffixes (their rows and acceptance differ after
+    # merging nothing), checked by brute force on suffixes up to length 3 over the used bytes.
+    auto = regex("(ab|b)*a|c[0-9]{2,3}")
+    symbols = [ord(c) for c in "abc0"]
+    suffixes = [()] + [s for n in range(1, 4) for s in itertools.product(symbols, repeat=n)]
+
+    def signature(state):
+        out = []
+        for suffix in suffixes:
+            s = state
+            for b in suffix:
+                s = auto.transitions[s, b]
+            out.append(bool(auto.accepting[s]))
+        return tuple(out)
+
+    signatures = [signature(s) for s in range(auto.num_states)]
+    assert len(set(signatures)) == auto.num_states
+
+
 def test_multibyte_characters_are_byte_paths():
     auto = regex("é")
     assert auto.matches("é") and not auto.matches(b"\xc3") and auto.viable(b"\xc3") and not auto.viable(b"\xa9")

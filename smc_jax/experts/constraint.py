@@ -99,6 +99,49 @@ def distance_to_accept(successors: np.ndarray, accepting: np.ndarray) -> np.ndar
     return dist.astype(np.int32)
 
 
+def minimize(transitions: np.ndarray, accepting: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The minimal DFA of a normalized one (start 0, every state reachable, dead state last).
+
+    Moore's partition refinement, vectorized: states start in three blocks (accepting, other
+    viable, dead) and a block splits while its states disagree on the block reached by some
+    byte: label'(s) = rank of (label(s), label(t[s, 0]), ..., label(t[s, 255])). At the fixed
+    point two states share a label iff they accept the same suffixes. The DFA a regex compiler
+    emits is not minimal (regex-automata does not minimize: a repeated sub-pattern such as
+    `W( W)*` yields two copies of W's states), and the token-level table costs V entries per
+    state, so this pays for itself at once.
+
+    Args:
+        transitions: [S, 256] int, state 0 the start, state S - 1 the absorbing dead state.
+        accepting: [S] bool.
+
+    Returns:
+        (transitions [S', 256], accepting [S']) with S' <= S, start 0 and the dead state last,
+        states numbered in order of their first member.
+    """
+    s = len(accepting)
+    dead = s - 1
+    labels = np.where(accepting, 1, 0)
+    labels[dead] = 2
+    count = len(np.unique(labels))
+    while True:
+        signature = np.concatenate([labels[:, None], labels[transitions]], axis=1)
+        _, labels = np.unique(signature, axis=0, return_inverse=True)
+        labels = labels.reshape(-1)
+        new_count = int(labels.max()) + 1
+        if new_count == count:
+            break
+        count = new_count
+    # Number blocks by their first state: the start (state 0) stays 0 and the dead state, alone
+    # in its block (it is the only non-viable state), comes last.
+    first = np.full(count, s, np.int64)
+    np.minimum.at(first, labels, np.arange(s))
+    order = np.argsort(first, kind="stable")
+    rank = np.empty(count, np.int64)
+    rank[order] = np.arange(count)
+    representatives = first[order]
+    return rank[labels[transitions[representatives]]], accepting[representatives]
+
+
 @dataclasses.dataclass(frozen=True, eq=False)
 class Automaton:
     """A byte-level DFA whose only non-viable state is the absorbing dead state (the last).
@@ -155,11 +198,12 @@ class Automaton:
         keep = np.concatenate([[start], keep[keep != start]])  # the start state becomes 0
         new_id = np.full(len(accepting), len(keep), np.int64)  # everything else: the dead state
         new_id[keep] = np.arange(len(keep))
-        table = np.empty((len(keep) + 1, NUM_BYTES), np.int32)
+        table = np.empty((len(keep) + 1, NUM_BYTES), np.int64)
         table[:-1] = new_id[transitions[keep]]
         table[-1] = len(keep)
         acc = np.concatenate([accepting[keep], [False]])
-        return cls(transitions=table, accepting=acc, start=0, source=source)
+        table, acc = minimize(table, acc)
+        return cls(transitions=table.astype(np.int32), accepting=acc, start=0, source=source)
 
     # ------------------------------------------------------------------ host-side reference
 
