@@ -1,5 +1,5 @@
 """Issue 17's constraint study: expected accuracy of unconstrained, locally constrained and
-SMC-constrained decoding on the JSON and word-sorting tasks, and E[log Z-hat] of SMC against
+SMC-constrained decoding on the JSON, word-sorting and text-to-SQL tasks, and E[log Z-hat] of SMC against
 importance sampling with the constraint.
 
 Methods (all token level). --prompts 1 (default): SmolLM2 under the task's prompt 1 (K = 1):
@@ -9,9 +9,12 @@ prompt1_constrained (token SMC targeting p(x) C(x): global), prompt1_constrained
 without resampling, for E[log Z-hat]). --prompts 2: the same four over both prompts and f in
 --fs (token, local_constrained, token_constrained, token_constrained_is). The constraint is
 the instance's own (`smc_jax.evaluation.instance_constraint`): JSON, its schema; word sorting,
-a comma-separated list of the input's words (any order, repeats allowed). JSON instances whose
+a comma-separated list of the input's words (any order, repeats allowed); text-to-SQL (--tasks
+sql), the SELECT language over the database's tables and columns (`smc_jax.tasks.sql_grammar`,
+one automaton for all questions). JSON instances whose
 schema the compiler refuses are skipped and listed (the draw continues until --limit compile).
-Accuracy is the task's own checker (jsonschema validation; exact word list). With
+Accuracy is the task's own checker (jsonschema validation; exact word list; execution
+accuracy). With
 --at-max-length eos every particle ends with EOS by its task's max length (the constraint's
 viability is then length-aware).
 
@@ -25,6 +28,8 @@ CPU, embedded models (the committed study):
 
     python -m benchmarks.evaluate_constraints --limit 20 --particles 8 --seeds 0 1 \\
         --task-max-length json=48 word_sorting=24 --at-max-length eos --temperature 1.0 --max-words 5
+    python -m benchmarks.evaluate_constraints --tasks sql --limit 20 --particles 8 --seeds 0 1 \
+        --task-max-length sql=64 --at-max-length eos --temperature 1.0 --name evaluate_constraints_cpu_sql
 """
 
 from __future__ import annotations
@@ -48,7 +53,7 @@ from smc_jax.evaluation.report import (
     F_NAMES, PERCENT, RESAMPLE_ALL, expected_accuracy, paired_difference, run_paired_difference, smc_vs_is, table5_rows,
 )
 
-TASKS = ("json", "word_sorting")
+TASKS = ("json", "word_sorting", "sql")
 #: Per number of prompts: (unconstrained, locally constrained, SMC-constrained, IS-constrained).
 METHOD_SETS = {
     1: ("prompt1", "prompt1_local_constrained", "prompt1_constrained", "prompt1_constrained_is"),
@@ -238,7 +243,8 @@ def parse_task_lengths(values: Sequence[str], default: int) -> dict[str, int]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
                                      epilog=__doc__.split("\n\n", 1)[1])
-    parser.add_argument("--tasks", nargs="+", choices=TASKS, default=list(TASKS))
+    parser.add_argument("--tasks", nargs="+", choices=TASKS, default=["json", "word_sorting"],
+                        help="sql: text-to-SQL with the schema's SELECT language (tasks/sql_grammar.py)")
     parser.add_argument("--prompts", type=int, choices=(1, 2), default=1,
                         help="1: prompt 1 alone (K = 1); 2: both prompts, f in --fs")
     parser.add_argument("--task-max-length", nargs="*", default=[],
@@ -311,7 +317,7 @@ def main() -> None:
         f"{get_method(methods[0]).label} = no constraint; {get_method(methods[1]).label} = locally constrained "
         f"decoding (mask, renormalize, weights ignored); {get_method(methods[2]).label} = global (the constraint a "
         f"factor of the SMC target, resampling at ESS < {args.ess_threshold} M); {get_method(methods[3]).label} = the same without resampling. Byte level left out (about 400 s a "
-        f"run on CPU). Timings measured under load (shared machine). Wall time of this invocation {wall:.0f} s "
+        f"run on CPU). Load average at the end {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores. Wall time of this invocation {wall:.0f} s "
         f"({new} new runs); sum of recorded sampler-call times {sum(r.seconds for r in records):.0f} s. "
         f"Plot: {png.name}."
     )

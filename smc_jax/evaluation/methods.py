@@ -10,7 +10,9 @@ at_max_length="eos" a string cut at the limit is weighted by its EOS probability
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any, Literal
 
 from smc_jax.api import EnsembleSampler, Expert, Prompt
@@ -240,7 +242,7 @@ def instance_constraint(task: str, instance: Any):
     """The constraint a constrained method puts on an instance's outputs (issue 17):
     json (or json_schema): the instance's schema (compact whitespace); word_sorting: a comma-separated list
     of exactly as many items as the input has words, each one of the input's words (an optional
-    leading space). Raises ValueError (naming the keyword) for a schema the compiler refuses."""
+    leading space); sql: `sql_constraint` of the instance's database. Raises ValueError (naming the keyword) for a schema the compiler refuses."""
     import re
 
     from smc_jax import constraints
@@ -251,7 +253,21 @@ def instance_constraint(task: str, instance: Any):
         words = instance.input.split()
         word = "(?:" + "|".join(re.escape(w) for w in sorted(set(words))) + ")"
         return constraints.regex(f" ?{word}(?:, ?{word}){{{len(words) - 1}}}")
-    raise ValueError(f"no constraint is defined for task {task!r} (json and word_sorting have one)")
+    if task == "sql":
+        return sql_constraint(instance.database)
+    raise ValueError(f"no constraint is defined for task {task!r} (json, word_sorting and sql have one)")
+
+
+@functools.lru_cache(maxsize=8)
+def sql_constraint(database: Path):
+    """The text-to-SQL constraint of a database: `tasks.sql_grammar.select_regex` over its
+    tables and columns (compiled once per database; all its questions share it)."""
+    from smc_jax import constraints
+    from smc_jax.tasks.sql_grammar import select_regex
+    from smc_jax.tasks.sql_schema import read_tables
+
+    tables = read_tables(database)
+    return constraints.regex(select_regex([t.name for t in tables], [c for t in tables for c in t.columns]))
 
 
 def build_sampler(method: Method, f: str, num_particles: int, experts: Sequence[Expert],
