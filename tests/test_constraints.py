@@ -93,6 +93,27 @@ def test_automata_are_minimal():
     assert len(set(signatures)) == auto.num_states
 
 
+def test_token_tables_are_built_once_per_automaton_and_vocabulary(monkeypatch):
+    from smc_jax.experts import constraint as ce
+
+    builds = []
+    real = ce.token_transitions
+    monkeypatch.setattr(ce, "token_transitions", lambda *a: builds.append(1) or real(*a))
+    monkeypatch.setattr(ce, "_TOKEN_TABLES", ce.OrderedDict())
+    tokens = [b"a", b"b", b"ab", b"ba", b"c"]
+    first = regex("(ab|b)*a").token_expert(tokens, horizon=4)
+    again = regex("(ab|b)*a").token_expert(tokens, horizon=None)  # an equal automaton, another horizon
+    assert len(builds) == 1 and again.horizon is None and first.horizon == 4
+    np.testing.assert_array_equal(np.asarray(first.transitions), np.asarray(again.transitions))
+    regex("(ab|b)*a").token_expert(tokens[:-1])  # another vocabulary: a new table
+    assert len(builds) == 2
+    for i in range(ce.TOKEN_TABLE_CACHE_SIZE + 1):  # bounded: the oldest is dropped
+        regex(f"a{{{i + 1}}}").token_expert(tokens)
+    assert len(ce._TOKEN_TABLES) == ce.TOKEN_TABLE_CACHE_SIZE
+    regex("(ab|b)*a").token_expert(tokens)
+    assert len(builds) == 2 + ce.TOKEN_TABLE_CACHE_SIZE + 2
+
+
 def test_multibyte_characters_are_byte_paths():
     auto = regex("é")
     assert auto.matches("é") and not auto.matches(b"\xc3") and auto.viable(b"\xc3") and not auto.viable(b"\xa9")

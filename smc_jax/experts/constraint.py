@@ -28,6 +28,8 @@ whose table is [S, 256] whatever the tokenizer.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+from collections import OrderedDict
 from collections.abc import Sequence
 from typing import NamedTuple
 
@@ -237,12 +239,36 @@ class Automaton:
     ) -> "ConstraintExpert":
         """The constraint over a vocabulary whose token v spells `byte_strings[v]` (None: a control
         token, never allowed), EOS = len(byte_strings). See `token_transitions`."""
-        table, accepting = token_transitions(self, byte_strings, max_entries)
-        return ConstraintExpert.build(table, accepting, len(byte_strings), horizon)
+        key = _table_key(self, byte_strings, max_entries)
+        arrays = _TOKEN_TABLES.pop(key, None)
+        if arrays is None:
+            arrays = device_tables(*token_transitions(self, byte_strings, max_entries))
+        _TOKEN_TABLES[key] = arrays  # most recently used last
+        while len(_TOKEN_TABLES) > TOKEN_TABLE_CACHE_SIZE:
+            _TOKEN_TABLES.popitem(last=False)
+        return ConstraintExpert.from_tables(*arrays, alphabet_size=len(byte_strings), horizon=horizon)
 
     def symbol_expert(self, alphabet: str, horizon: int | None = None) -> "ConstraintExpert":
         """The constraint over a toy alphabet: symbol i is the UTF-8 text `alphabet[i]`."""
         return self.token_expert([c.encode("utf-8") for c in alphabet], horizon)
+
+
+#: Token-level tables kept for the most recently used (automaton, vocabulary) pairs. Building one
+#: costs seconds (S x the vocabulary's total bytes of gathers, then two [S, S] reachability
+#: passes), and a study builds a sampler per instance and method from equal automata (the
+#: text-to-SQL questions all share one).
+TOKEN_TABLE_CACHE_SIZE = 4
+_TOKEN_TABLES: OrderedDict[bytes, tuple[np.ndarray, np.ndarray, np.ndarray]] = OrderedDict()
+
+
+def _table_key(automaton: Automaton, byte_strings: Sequence[bytes | None], max_entries: int) -> bytes:
+    """A digest of the automaton's arrays, the token spellings and the size bound."""
+    h = hashlib.sha256()
+    for array in (np.asarray(automaton.start), automaton.accepting, automaton.transitions, np.asarray(max_entries)):
+        h.update(np.ascontiguousarray(array).tobytes())
+    for b in byte_strings:
+        h.update(b"\x00" if b is None else b"\x01" + len(b).to_bytes(4, "little") + b)
+    return h.digest()
 
 
 def token_transitions(
@@ -345,6 +371,16 @@ def pad_states(transitions: np.ndarray, accepting: np.ndarray) -> tuple[np.ndarr
     return table, flags
 
 
+def device_tables(transitions: np.ndarray, accepting: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The padded table and flags (`pad_states`) and each state's distance to acceptance
+    (`distance_to_accept`): what a `ConstraintExpert` holds, read-only (they may be shared)."""
+    transitions, accepting = pad_states(transitions, accepting)
+    arrays = (transitions, accepting, distance_to_accept(transitions, accepting))
+    for array in arrays:
+        array.setflags(write=False)
+    return arrays
+
+
 class ConstraintState(NamedTuple):
     state: Int[Array, "M"]  # automaton state
     length: Int[Array, "M"]  # symbols read (for the horizon)
@@ -393,11 +429,17 @@ class ConstraintExpert:
     @classmethod
     def build(cls, transitions: np.ndarray, accepting: np.ndarray, alphabet_size: int, horizon: int | None = None,
               pad: bool = True):
-        if horizon is not None and horizon < 0:
-            raise ValueError(f"horizon must be >= 0 or None, got {horizon}")
         if pad:
             transitions, accepting = pad_states(transitions, accepting)
-        distance = distance_to_accept(transitions, accepting)
+        return cls.from_tables(transitions, accepting, distance_to_accept(transitions, accepting),
+                               alphabet_size=alphabet_size, horizon=horizon)
+
+    @classmethod
+    def from_tables(cls, transitions: np.ndarray, accepting: np.ndarray, distance: np.ndarray, *,
+                    alphabet_size: int, horizon: int | None = None) -> "ConstraintExpert":
+        """The expert of host tables (`device_tables`) and a horizon."""
+        if horizon is not None and horizon < 0:
+            raise ValueError(f"horizon must be >= 0 or None, got {horizon}")
         return cls(
             transitions=jnp.asarray(transitions, jnp.int32), accepting=jnp.asarray(accepting),
             distance=jnp.asarray(distance), alphabet_size=alphabet_size, horizon=horizon,
