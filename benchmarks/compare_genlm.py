@@ -76,6 +76,10 @@ Conventions, so that both sides do the same work:
   vmapped over the group's prompts, the run's pool and path shapes): t(rows) = a + b * rows is
   fitted on the call sizes up to twice the typical one, and floor = calls * a + rows * b summed
   over the model groups. "Everything else" (the profile, c) is wall - floor.
+* Layers: smc_jax loads its models with the default layer loop (`lax.scan` over stacked
+  weights) unless `--unroll-layers` (per-layer weights, an unrolled loop: about 3x longer
+  compiles; XLA:CPU then reads each layer's weights in place instead of copying its slice of the
+  stack on every call, see bench_call_profile). Same arithmetic, log-probs within 1e-4.
 * Compilations: XLA compilations during the timed runs (after the warm-up) are counted with
   `smc_jax.utils.compilation.count_compilations`; 0 means no run recompiled.
 
@@ -537,6 +541,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--max-tokens", type=int, default=40,
                         help="byte SMC: GenLM's max_tokens (bytes + forced EOS); token SMC: the exact length")
     parser.add_argument("--particles", type=int, default=10)
+    parser.add_argument("--unroll-layers", action="store_true",
+                        help="smc_jax: load_model(..., unroll_layers=True) (longer compiles, cheaper calls on CPU)")
     parser.add_argument("--name", default="compare_genlm", help="results name: <out>/<name>.{json,md}")
     parser.add_argument("--out", type=Path, default=RESULTS, help="results folder (default benchmarks/results)")
     args = parser.parse_args(argv)
@@ -574,7 +580,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     def models(name: str) -> LanguageModel:
         if name not in loaded:
-            loaded[name] = load_model(name)
+            loaded[name] = load_model(name, unroll_layers=args.unroll_layers)
         return loaded[name]
 
     load = {"before": os.getloadavg()}
@@ -612,7 +618,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         + markdown_table(call_costs, cost_columns),
     ])
     meta = {
-        "runs": args.runs, "settings": dataclasses.asdict(settings), "text_prompt": TEXT_PROMPT, "prompts": PROMPTS,
+        "runs": args.runs, "settings": dataclasses.asdict(settings), "unroll_layers": args.unroll_layers, "text_prompt": TEXT_PROMPT, "prompts": PROMPTS,
         "mass_floor": MASS_FLOOR, "threads": threads_used(genlm), "load_average": load,
         "intervals": (f"times and calls: mean ± {CONFIDENCE:.0%} t-interval over runs; ratios: mean / mean with a "
                       f"{CONFIDENCE:.0%} percentile bootstrap interval ({BOOTSTRAP_RESAMPLES} resamples of each "
@@ -627,7 +633,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         "genlm/smc_jax: ratio of mean seconds (> 1: smc_jax is faster) and smc_jax/genlm_calls: ratio of mean "
         "sequential model calls, each with a 95% percentile bootstrap interval [low, high]. GenLM's torch at "
         f"{'its default thread count' if args.torch_threads is None else f'{args.torch_threads} thread(s)'} "
-        f"({meta['threads']}). Load average (1/5/15 min) before, between and after the sides: {load}. "
+        f"({meta['threads']}). smc_jax's layers: {'unrolled (unroll_layers=True)' if args.unroll_layers else 'lax.scan (default)'}. Load average (1/5/15 min) before, between and after the sides: {load}. "
         "See the script's docstring for the conventions (same target, lengths, prompts).")
     print(save(args.name, rows, columns, meta, notes, appendix, directory=args.out))
     print(appendix)

@@ -53,10 +53,11 @@ def test_cli_defaults_and_options():
     args = parse_args([])
     assert args.runs == DEFAULT_RUNS == 12 and args.workloads == list(WORKLOADS)
     assert args.torch_threads is None  # GenLM's torch keeps its default thread count
-    assert not args.skip_genlm and args.max_tokens == 40 and args.particles == 10
+    assert not args.skip_genlm and args.max_tokens == 40 and args.particles == 10 and not args.unroll_layers
     args = parse_args(["--workloads", "token-prompts", "smc-models", "--runs", "2", "--skip-genlm",
-                       "--torch-threads", "1", "--name", "x", "--out", "/tmp/somewhere"])
+                       "--torch-threads", "1", "--name", "x", "--out", "/tmp/somewhere", "--unroll-layers"])
     assert args.workloads == ["token-prompts", "smc-models"] and args.runs == 2 and args.skip_genlm
+    assert args.unroll_layers
     assert args.torch_threads == 1 and args.name == "x" and str(args.out) == "/tmp/somewhere"
 
 
