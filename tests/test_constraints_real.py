@@ -63,3 +63,26 @@ def test_regex_byte_level_smollm2_and_gemma3():
                        level="byte", num_particles=3, max_length=10, seed=0,
                        constraint=sj.constraints.regex(pattern), allow_zero_weight=True)
     assert check_in_language(result, lambda t: re.fullmatch(pattern, t) is not None) >= 1, result.texts
+
+
+def test_sql_select_constraint_token_level(tmp_path):
+    """Text-to-SQL's constraint (a 668-state automaton, a 1024 x 49152 token table) on SmolLM2
+    under the task's prompt: every string is a SELECT of the language, naming only the database's
+    tables, and the task's checker runs it."""
+    from smc_jax.evaluation.methods import sql_constraint
+    from smc_jax.tasks.sql_schema import read_tables
+    from smc_jax.tasks.text_to_sql import TextToSqlTask
+
+    task = TextToSqlTask(database_dir=tmp_path)
+    instance = next(i for i in task.instances() if i.id == "q03")
+    constraint = sql_constraint(instance.database)
+    smol = sj.load_model("smollm2-135m-instruct")
+    result = sj.sample([(smol, task.prompts(instance)[0])], "product", level="token", num_particles=4,
+                       max_length=48, seed=0, constraint=constraint, allow_zero_weight=True)
+    tables = {t.name for t in read_tables(instance.database)}
+    assert check_in_language(result, constraint.matches) >= 1, result.texts
+    for text, w in zip(result.texts, result.weights):
+        if w > 0:
+            assert text.startswith("SELECT ") and task.extract(text) == text
+            assert re.search(r"\bFROM (\w+)", text).group(1) in tables
+            task.is_correct(instance, text)  # runs (or fails cleanly) read-only
