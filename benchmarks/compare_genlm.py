@@ -188,6 +188,9 @@ class Settings:
     particles: int
     ess_threshold: float
     max_tokens: int  # GenLM's max_tokens: byte SMC symbols plus the forced EOS; token SMC: exact length
+    prefetch: int = 0  # smc_jax byte level: SamplerSettings.prefetch (0 = its default, off)
+    prefetch_rows: int = 0
+    call_costs: bool = True  # measure the per-call decode seconds (the floor); False saves compilations
 
 
 # --------------------------------------------------------------------------------- statistics
@@ -374,8 +377,10 @@ def smc_jax_sampler(sampler: EnsembleSampler, settings: Settings) -> dict[str, A
             results.append(result)
     per_seed = [group_stats(sampler, seed) for seed in range(settings.runs)]
     groups = per_seed[0][0]
-    costs = [CallCost.measure(name, g, settings.particles) for name, g in zip(model_names(sampler.experts), groups)]
-    floors = [sum(c.floor(s) for c, s in zip(costs, stats)) for _, stats in per_seed]
+    costs = ([CallCost.measure(name, g, settings.particles) for name, g in zip(model_names(sampler.experts), groups)]
+             if settings.call_costs else [])
+    floors = ([sum(c.floor(s) for c, s in zip(costs, stats)) for _, stats in per_seed] if costs
+              else [math.nan] * len(per_seed))
     median_run = results[int(np.argsort(times)[len(times) // 2])]
     return {"times": times, "calls_per_run": calls, "steps": steps, "lengths": lengths, "floors": floors,
             "costs": costs, "recompiles": compiled.count, "zero_weight_runs": sum(r.log_Z == -math.inf for r in results),
@@ -439,14 +444,31 @@ def workload_sampler(name: str, models: Callable[[str], LanguageModel], settings
     return EnsembleSampler(
         experts=workload_experts(name, models), level="byte", f=GENLM_PRODUCT, max_length=settings.max_tokens - 1,
         at_max_length="eos", beam_width=settings.beam_width, prune_threshold=settings.prune_threshold,
-        prompt_as_bytes=True, **common)
+        prompt_as_bytes=True, prefetch=settings.prefetch, prefetch_rows=settings.prefetch_rows, **common)
+
+
+def plain_sampler(models: Callable[[str], LanguageModel], settings: Settings) -> EnsembleSampler:
+    """One plain sample at the token workload's length: one particle of SmolLM2 under the first
+    prompt, exactly max_tokens tokens (no ensemble, no resampling): ancestral sampling through
+    the same engine, the baseline of "token SMC within 3x of one plain sample"."""
+    return EnsembleSampler(experts=(Expert(models(SMOLLM2), PROMPTS[0]),), level="token", f=PrefixProduct(num_experts=1),
+                           num_particles=1, max_length=settings.max_tokens, at_max_length="truncate", temperature=1.0)
+
+
+def plain_times(sampler: EnsembleSampler, settings: Settings) -> list[float]:
+    """Seconds of `settings.runs` plain samples (seeds 0, 1, ...) after a warm-up."""
+    sampler(WARMUP_SEED)
+    return [sampler(seed).stats["seconds"] for seed in range(settings.runs)]
 
 
 def smc_jax_workload(name: str, models: Callable[[str], LanguageModel], settings: Settings) -> dict[str, Any]:
     """The smc_jax side of one workload: its measurements (the row is completed by `row_of`)."""
     if name.startswith("bytes-"):
         return smc_jax_text(models(SMOLLM2 if name == "bytes-smollm2" else GEMMA3), settings)
-    return smc_jax_sampler(workload_sampler(name, models, settings), settings)
+    ours = smc_jax_sampler(workload_sampler(name, models, settings), settings)
+    if name.startswith("token-"):
+        ours["plain_times"] = plain_times(plain_sampler(models, settings), settings)
+    return ours
 
 
 def genlm_workload(name: str, models: Callable[[str], LanguageModel], genlm: GenLM, settings: Settings) -> dict[str, Any]:
@@ -482,6 +504,11 @@ def row_of(name: str, ours: dict[str, Any], theirs: dict[str, Any] | None) -> di
             "smc_jax_wall/floor": statistics.mean(t / f for t, f in zip(ours["times"], ours["floors"])),
             "smc_jax_zero_weight_runs": ours["zero_weight_runs"], "smc_jax_sample": ours["sample"],
         })
+        if "plain_times" in ours:
+            plain = mean_interval(ours["plain_times"])
+            per_plain = ratio_interval(ours["times"], ours["plain_times"])
+            row.update({"plain_s": fmt(plain, 3), "plain_s_mean": plain.mean, "plain_times": ours["plain_times"],
+                        "smc_jax/plain": per_plain.format(), "smc_jax/plain_ratio": per_plain.value})
     else:
         row["smc_jax_calls"] = "n/a"
     if theirs is None:
@@ -543,6 +570,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--particles", type=int, default=10)
     parser.add_argument("--unroll-layers", action="store_true",
                         help="smc_jax: load_model(..., unroll_layers=True) (longer compiles, cheaper calls on CPU)")
+    parser.add_argument("--prefetch", type=int, default=0,
+                        help="smc_jax byte level: prefetch the contexts of each context's N most likely tokens (0: off)")
+    parser.add_argument("--prefetch-rows", type=int, default=0, help="smc_jax byte level: rows a call may add to prefetch")
+    parser.add_argument("--no-call-costs", action="store_true",
+                        help="skip the per-call decode timings (no floor; fewer compilations)")
     parser.add_argument("--name", default="compare_genlm", help="results name: <out>/<name>.{json,md}")
     parser.add_argument("--out", type=Path, default=RESULTS, help="results folder (default benchmarks/results)")
     args = parser.parse_args(argv)
@@ -551,12 +583,15 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
             parser.error(f"--{option.replace('_', '-')} must be >= 1")
     if args.torch_threads is not None and args.torch_threads < 1:
         parser.error("--torch-threads must be >= 1")
+    if args.prefetch < 0 or args.prefetch_rows < 0:
+        parser.error("--prefetch and --prefetch-rows must be >= 0")
     return args
 
 
 def threads_used(genlm: GenLM | None) -> dict[str, Any]:
     """The thread counts both sides ran with."""
-    xla = {"xla_cpu_devices": len(jax.devices("cpu")), "cpus_available": len(os.sched_getaffinity(0)),
+    xla = {"jax_backend": jax.default_backend(), "jax_device": jax.devices()[0].device_kind,
+           "xla_cpu_devices": len(jax.devices("cpu")), "cpus_available": len(os.sched_getaffinity(0)),
            "XLA_FLAGS": os.environ.get("XLA_FLAGS", ""), "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "")}
     return {**xla, **(genlm.threads() if genlm is not None else {})}
 
@@ -575,7 +610,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     else:
         print("compare_genlm: --skip-genlm: running only the smc_jax side", file=sys.stderr)
     settings = Settings(runs=args.runs, beam_width=5, prune_threshold=0.05, particles=args.particles,
-                        ess_threshold=0.9, max_tokens=args.max_tokens)
+                        ess_threshold=0.9, max_tokens=args.max_tokens, prefetch=args.prefetch,
+                        prefetch_rows=args.prefetch_rows, call_costs=not args.no_call_costs)
     loaded: dict[str, LanguageModel] = {}
 
     def models(name: str) -> LanguageModel:
@@ -602,6 +638,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         "the token workload generates exactly max_tokens tokens on both sides.\n\n" + markdown_table(
             smc_rows, ["workload", "genlm_run_mean_lengths", "smc_jax_run_mean_lengths", "smc_jax_steps",
                        "genlm_zero_weight_runs", "smc_jax_zero_weight_runs"]),
+        "## Token SMC against one plain sample (b)\n\n"
+        "smc_jax's token SMC (M particles, two prompts) against one plain sample of the same length (one "
+        "particle, one prompt, the same engine); seconds: mean ± 95% t-interval, ratio with a bootstrap interval.\n\n"
+        + markdown_table([r for r in rows if "plain_s" in r], ["workload", "smc_jax_s", "plain_s", "smc_jax/plain"]),
         "## Sequential model calls per run (b)\n\n" + markdown_table(
             smc_rows, ["workload", "genlm_calls_per_run", "smc_jax_calls_per_run"]),
         "## Agreement along the text (a)\n\n" + markdown_table(
@@ -618,7 +658,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         + markdown_table(call_costs, cost_columns),
     ])
     meta = {
-        "runs": args.runs, "settings": dataclasses.asdict(settings), "unroll_layers": args.unroll_layers, "text_prompt": TEXT_PROMPT, "prompts": PROMPTS,
+        "runs": args.runs, "settings": dataclasses.asdict(settings), "device": jax.devices()[0].device_kind,
+        "unroll_layers": args.unroll_layers, "text_prompt": TEXT_PROMPT, "prompts": PROMPTS,
         "mass_floor": MASS_FLOOR, "threads": threads_used(genlm), "load_average": load,
         "intervals": (f"times and calls: mean ± {CONFIDENCE:.0%} t-interval over runs; ratios: mean / mean with a "
                       f"{CONFIDENCE:.0%} percentile bootstrap interval ({BOOTSTRAP_RESAMPLES} resamples of each "
@@ -628,12 +669,14 @@ def main(argv: Sequence[str] | None = None) -> None:
             p: version(p) for p in ("genlm-control", "genlm-bytes", "genlm-backend", "torch", "transformers")},
     }
     notes = (
-        "smc_jax vs GenLM, same models (float32 from the same GGUF files), same process (smc_jax's sides first), CPU. "
+        "smc_jax vs GenLM, same models (float32 from the same GGUF files), same process (smc_jax's sides first), "
+        f"on {jax.default_backend()} ({jax.devices()[0].device_kind}; GenLM on {genlm.device if genlm else 'n/a'}). "
         f"{args.runs} timed runs per side after a warm-up; seconds and calls: mean ± 95% t-interval; "
         "genlm/smc_jax: ratio of mean seconds (> 1: smc_jax is faster) and smc_jax/genlm_calls: ratio of mean "
         "sequential model calls, each with a 95% percentile bootstrap interval [low, high]. GenLM's torch at "
         f"{'its default thread count' if args.torch_threads is None else f'{args.torch_threads} thread(s)'} "
-        f"({meta['threads']}). smc_jax's layers: {'unrolled (unroll_layers=True)' if args.unroll_layers else 'lax.scan (default)'}. Load average (1/5/15 min) before, between and after the sides: {load}. "
+        f"({meta['threads']}). smc_jax byte prefetch: {args.prefetch} tokens, {args.prefetch_rows} extra rows. "
+        f"smc_jax's layers: {'unrolled (unroll_layers=True)' if args.unroll_layers else 'lax.scan (default)'}. Load average (1/5/15 min) before, between and after the sides: {load}. "
         "See the script's docstring for the conventions (same target, lengths, prompts).")
     print(save(args.name, rows, columns, meta, notes, appendix, directory=args.out))
     print(appendix)

@@ -54,6 +54,8 @@ class GenLM:
         if torch_threads:
             torch.set_num_threads(torch_threads)
         self.torch = torch
+        # GenLM's own loader (load_model_by_name) places the model with device_map="auto": the GPU when there is one.
+        self.device = "cuda" if torch.cuda.is_available() else "cpu"
         self.llms: dict[str, Any] = {}
         self.logs: dict[str, ForwardLog] = {}
 
@@ -68,7 +70,7 @@ class GenLM:
 
             path = resolve(model.name)[1]
             hf = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=self.torch.float32)
-            self.llms[model.name] = AsyncTransformer(hf.eval(), model.tokenizer.hf)
+            self.llms[model.name] = AsyncTransformer(hf.to(self.device).eval(), model.tokenizer.hf)
             self.logs[model.name] = ForwardLog(self.llms[model.name])
         return self.llms[model.name]
 

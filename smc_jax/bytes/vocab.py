@@ -136,7 +136,11 @@ def detect_scheme(tokenizer: Any) -> TokenizerScheme:
             "derive token byte strings"
         )
     decoder = _backend_component(backend.decoder)
-    if decoder.get("type") == "ByteLevel":
+    steps = decoder.get("decoders", []) if decoder.get("type") == "Sequence" else [decoder]
+    # Some transformers versions convert a GGUF's GPT-2 tokenizer with ByteFallback/Fuse/Replace
+    # steps before ByteLevel; the GPT-2 byte alphabet still decides every piece (a piece outside
+    # it raises in `_byte_level_bytes`).
+    if any(step.get("type") == "ByteLevel" for step in steps):
         return TokenizerScheme.BYTE_LEVEL
     if _is_sentencepiece_decoder(decoder):
         return TokenizerScheme.SENTENCEPIECE

@@ -106,6 +106,22 @@ def test_sentencepiece_toy_with_duplicates_and_placeholders():
     assert_round_trip(tokenizer, vocab, random_texts(seed=1, count=20))
 
 
+def test_byte_level_decoder_inside_a_sequence():
+    """transformers 5.17 converts SmolLM2's GGUF tokenizer with ByteFallback/Fuse/Replace steps
+    before ByteLevel (seen on the GPU machine): still GPT-2's byte alphabet, same byte strings."""
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    backend = Tokenizer(models.BPE(vocab={char: index for index, char in enumerate(alphabet)}, merges=[]))
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.Sequence([decoders.ByteFallback(), decoders.Fuse(), decoders.Replace("\u2581", " "),
+                                         decoders.ByteLevel()])
+    wrapped = PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="<eos>")
+    assert detect_scheme(wrapped) is TokenizerScheme.BYTE_LEVEL
+    vocab = token_byte_strings(wrapped)
+    assert vocab.byte_strings[wrapped.convert_tokens_to_ids("\u0120")] == b" "
+    assert sorted(data for data in vocab.byte_strings if data is not None and len(data) == 1) == [
+        bytes([b]) for b in range(NUM_BYTES)]
+
+
 def test_unknown_scheme_and_bad_sizes_raise():
     backend = Tokenizer(models.WordLevel(vocab={"a": 0, "[UNK]": 1}, unk_token="[UNK]"))
     backend.decoder = decoders.WordPiece()
