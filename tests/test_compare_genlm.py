@@ -59,13 +59,32 @@ def test_cli_defaults_and_options():
     assert args.workloads == ["token-prompts", "smc-models"] and args.runs == 2 and args.skip_genlm
     assert args.unroll_layers
     assert args.torch_threads == 1 and args.name == "x" and str(args.out) == "/tmp/somewhere"
+    assert args.prefetch == args.prefetch_rows == 0 and not args.no_call_costs
+    args = parse_args(["--prefetch", "16", "--prefetch-rows", "64", "--no-call-costs"])
+    assert args.prefetch == 16 and args.prefetch_rows == 64 and args.no_call_costs
 
 
 @pytest.mark.parametrize("argv", [["--workloads", "nope"], ["--runs", "0"], ["--torch-threads", "0"],
-                                  ["--max-tokens", "0"], ["--runs", "x"]])
+                                  ["--max-tokens", "0"], ["--runs", "x"], ["--prefetch", "-1"],
+                                  ["--prefetch-rows", "-2"]])
 def test_cli_rejects_bad_arguments(argv, capsys):
     with pytest.raises(SystemExit):
         parse_args(argv)
+
+
+def test_plain_baseline_is_one_particle_of_one_prompt(monkeypatch):
+    """The token workload's baseline samples one sequence of exactly max_tokens tokens from the
+    first prompt alone (no ensemble): one expert, one particle, truncated at the length."""
+    import benchmarks.compare_genlm as cg
+
+    monkeypatch.setattr(cg, "EnsembleSampler", lambda **kwargs: kwargs)
+    settings = cg.Settings(runs=1, beam_width=5, prune_threshold=0.05, particles=10, ess_threshold=0.9, max_tokens=7)
+    model = object()
+    made = cg.plain_sampler(lambda name: model, settings)
+    assert [(e.model, e.prompt) for e in made["experts"]] == [(model, cg.PROMPTS[0])]
+    assert made["num_particles"] == 1 and made["level"] == "token"
+    assert made["max_length"] == 7 and made["at_max_length"] == "truncate"
+    assert isinstance(made["f"], cg.PrefixProduct) and made["f"].num_experts == 1
 
 
 def test_prefix_product_generates_exactly_max_length(ngram_experts):
