@@ -44,6 +44,28 @@ class ForwardLog:
         llm.model.forward = logged
 
 
+def plain_byte_level(tokenizer: Any) -> Any:
+    """The tokenizer for GenLM: a GPT-2 byte-level tokenizer whose decoder is a Sequence holding
+    a ByteLevel step (how transformers 5.17 converted SmolLM2's GGUF on the GPU machine) is copied
+    with a plain ByteLevel decoder, the one GenLM's byte-vocabulary reader recognizes (with the
+    Sequence it read the pieces as SentencePiece and its beam could not read the prompt). Same
+    vocabulary and ids; any other tokenizer is returned as it is."""
+    import copy
+
+    from tokenizers import decoders
+
+    from smc_jax.bytes.vocab import TokenizerScheme, detect_scheme
+
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None or detect_scheme(tokenizer) is not TokenizerScheme.BYTE_LEVEL:
+        return tokenizer
+    if type(backend.decoder).__name__ == "ByteLevel":
+        return tokenizer
+    plain = copy.deepcopy(tokenizer)
+    plain.backend_tokenizer.decoder = decoders.ByteLevel()
+    return plain
+
+
 class GenLM:
     """GenLM's models (AsyncTransformer over transformers' float32 load of the same GGUF file,
     with smc_jax's tokenizer of that file), loaded on first use, and their forward logs."""
@@ -70,7 +92,7 @@ class GenLM:
 
             path = resolve(model.name)[1]
             hf = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=self.torch.float32)
-            self.llms[model.name] = AsyncTransformer(hf.to(self.device).eval(), model.tokenizer.hf)
+            self.llms[model.name] = AsyncTransformer(hf.to(self.device).eval(), plain_byte_level(model.tokenizer.hf))
             self.logs[model.name] = ForwardLog(self.llms[model.name])
         return self.llms[model.name]
 

@@ -4,12 +4,24 @@ from __future__ import annotations
 
 import gc
 import itertools
+import os
+import tempfile
+from pathlib import Path
 
 import jax
 import numpy as np
 import pytest
 
 from smc_jax.experts import NGramExpert, TableExpert
+
+# One on-disk XLA compilation cache for the whole test run: both xdist workers, and the
+# subprocesses and notebook kernels the tests start (they read the environment variables). The
+# module-level cache clearing below and the two workers would otherwise compile the same
+# real-model programs again. Only programs that took >= 1 s to compile are stored.
+os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", str(Path(tempfile.gettempdir()) / "smc_jax_tests_xla_cache"))
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "1")
+jax.config.update("jax_compilation_cache_dir", os.environ["JAX_COMPILATION_CACHE_DIR"])
+jax.config.update("jax_persistent_cache_min_compile_time_secs", float(os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"]))
 
 ALPHABET = "abc"
 

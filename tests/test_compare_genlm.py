@@ -97,3 +97,31 @@ def test_prefix_product_generates_exactly_max_length(ngram_experts):
     # importance sampling: the weight is psi(x) / q(x) = P1(x) P2(x) / q(x) >= P1(x) P2(x)
     log_p = np.asarray(res.expert_logprobs).sum(axis=1)
     assert (np.asarray(res.log_weights) >= log_p - 1e-4).all()  # q(x) <= 1
+
+
+def test_genlm_gets_a_plain_byte_level_decoder():
+    """GenLM reads a GPT-2 vocabulary only through a plain ByteLevel decoder: a Sequence holding
+    one (transformers 5.17's GGUF conversion) is replaced in a copy; other tokenizers pass."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    from benchmarks.genlm_side import plain_byte_level
+
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    backend = Tokenizer(models.BPE(vocab={c: i for i, c in enumerate(alphabet)}, merges=[]))
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.Sequence([decoders.ByteFallback(), decoders.Fuse(), decoders.Replace("\u2581", " "),
+                                         decoders.ByteLevel()])
+    tok = PreTrainedTokenizerFast(tokenizer_object=backend)
+    plain = plain_byte_level(tok)
+    assert plain is not tok and type(plain.backend_tokenizer.decoder).__name__ == "ByteLevel"
+    assert type(tok.backend_tokenizer.decoder).__name__ == "Sequence"  # the original is left as it was
+    assert plain.get_vocab() == tok.get_vocab()
+    assert plain_byte_level(plain) is plain
+    try:  # with the genlm extra: GenLM's own byte vocabulary reads 'Ġ' as b' ' only from the copy
+        from genlm.backend.tokenization import decode_vocab
+    except ImportError:
+        return
+    space = tok.convert_tokens_to_ids("\u0120")
+    assert decode_vocab(tok)[0][space].byte_string == "\u0120".encode()
+    assert decode_vocab(plain)[0][space].byte_string == b" "
