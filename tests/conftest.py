@@ -69,3 +69,41 @@ def ngram_experts() -> tuple[NGramExpert, NGramExpert]:
         NGramExpert.random(k1, alphabet_size=2, order=2, eos_logit=0.5),
         NGramExpert.random(k2, alphabet_size=2, order=3, eos_logit=0.5),
     )
+
+
+def pytest_runtest_logreport(report):
+    """With SMC_JAX_TEST_TIMES=path, appends every test phase's seconds to that JSON-lines file as
+    it finishes (a partial run still tells where the time went; --durations prints at the end)."""
+    path = os.environ.get("SMC_JAX_TEST_TIMES")
+    if path:
+        import json
+
+        with open(path, "a") as out:
+            out.write(json.dumps({"test": report.nodeid, "when": report.when, "seconds": round(report.duration, 2)}) + "\n")
+
+
+#: Test files that take longest (real models compiled and run; measured on the 2-core CI machine),
+#: longest first. They are collected first, so that under `pytest -n 2 --dist loadfile` a worker
+#: starts each of them early instead of one worker running a 20-minute file alone at the end.
+LONGEST_FIRST = ("test_notebooks.py",)
+
+
+def pytest_configure(config):
+    """pytest-xdist's loadfile scheduler sorts files by test count unless told not to: keep the
+    collection order above (the longest files first)."""
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
+
+
+def pytest_collection_modifyitems(config, items):
+    """Moves the files with slow tests to the front (notebooks first), keeping each file's tests
+    together and in order."""
+    slow_files = {item.path for item in items if item.get_closest_marker("slow")}
+
+    def rank(item):
+        name = item.path.name
+        if name in LONGEST_FIRST:
+            return LONGEST_FIRST.index(name)
+        return len(LONGEST_FIRST) + (0 if item.path in slow_files else 1)
+
+    items.sort(key=rank)  # stable: files stay contiguous, tests keep their order
