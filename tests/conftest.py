@@ -82,10 +82,11 @@ def pytest_runtest_logreport(report):
             out.write(json.dumps({"test": report.nodeid, "when": report.when, "seconds": round(report.duration, 2)}) + "\n")
 
 
-#: Test files that take longest (real models compiled and run; measured on the 2-core CI machine),
+#: Test files that take longest (mostly XLA compilation: ~20 min for the notebooks and for the byte
+#: beam's toy programs, 5-9 min for the others, measured with SMC_JAX_TEST_TIMES on 2 cores),
 #: longest first. They are collected first, so that under `pytest -n 2 --dist loadfile` a worker
 #: starts each of them early instead of one worker running a 20-minute file alone at the end.
-LONGEST_FIRST = ("test_notebooks.py",)
+LONGEST_FIRST = ("test_notebooks.py", "test_beam.py", "test_sharding.py", "test_smc_exact.py")
 
 
 def pytest_configure(config):
@@ -96,7 +97,7 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(config, items):
-    """Moves the files with slow tests to the front (notebooks first), keeping each file's tests
+    """Moves LONGEST_FIRST to the front, then the files with slow tests, keeping each file's tests
     together and in order."""
     slow_files = {item.path for item in items if item.get_closest_marker("slow")}
 
