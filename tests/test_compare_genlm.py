@@ -102,17 +102,10 @@ def test_prefix_product_generates_exactly_max_length(ngram_experts):
 def test_genlm_gets_a_plain_byte_level_decoder():
     """GenLM reads a GPT-2 vocabulary only through a plain ByteLevel decoder: a Sequence holding
     one (transformers 5.17's GGUF conversion) is replaced in a copy; other tokenizers pass."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
     from benchmarks.genlm_side import plain_byte_level
+    from tests.bytes.test_vocab import sequence_decoder_toy
 
-    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
-    backend = Tokenizer(models.BPE(vocab={c: i for i, c in enumerate(alphabet)}, merges=[]))
-    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    backend.decoder = decoders.Sequence([decoders.ByteFallback(), decoders.Fuse(), decoders.Replace("\u2581", " "),
-                                         decoders.ByteLevel()])
-    tok = PreTrainedTokenizerFast(tokenizer_object=backend)
+    tok = sequence_decoder_toy()
     plain = plain_byte_level(tok)
     assert plain is not tok and type(plain.backend_tokenizer.decoder).__name__ == "ByteLevel"
     assert type(tok.backend_tokenizer.decoder).__name__ == "Sequence"  # the original is left as it was

@@ -106,15 +106,20 @@ def test_sentencepiece_toy_with_duplicates_and_placeholders():
     assert_round_trip(tokenizer, vocab, random_texts(seed=1, count=20))
 
 
-def test_byte_level_decoder_inside_a_sequence():
-    """transformers 5.17 converts SmolLM2's GGUF tokenizer with ByteFallback/Fuse/Replace steps
-    before ByteLevel (seen on the GPU machine): still GPT-2's byte alphabet, same byte strings."""
+def sequence_decoder_toy() -> PreTrainedTokenizerFast:
+    """The 256 GPT-2 byte characters with a decoder Sequence(ByteFallback, Fuse, Replace,
+    ByteLevel): how transformers 5.17 converts SmolLM2's GGUF tokenizer (seen on the GPU machine)."""
     alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
     backend = Tokenizer(models.BPE(vocab={char: index for index, char in enumerate(alphabet)}, merges=[]))
     backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     backend.decoder = decoders.Sequence([decoders.ByteFallback(), decoders.Fuse(), decoders.Replace("\u2581", " "),
                                          decoders.ByteLevel()])
-    wrapped = PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="<eos>")
+    return PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="<eos>")
+
+
+def test_byte_level_decoder_inside_a_sequence():
+    """A ByteLevel step inside a decoder Sequence is still GPT-2's byte alphabet, same byte strings."""
+    wrapped = sequence_decoder_toy()
     assert detect_scheme(wrapped) is TokenizerScheme.BYTE_LEVEL
     vocab = token_byte_strings(wrapped)
     assert vocab.byte_strings[wrapped.convert_tokens_to_ids("\u0120")] == b" "
