@@ -145,7 +145,7 @@ def call_inputs(experts: ByteExperts, num_particles: int, rows: int) -> dict[str
 
 def summarize_fn(experts: ByteExperts) -> Callable[[jax.Array], Any]:
     return functools.partial(summarize_logits, trie=experts.trie, allowed=experts.allowed, eos_ids=experts.eos_ids,
-                             temperature=experts.temperature, top_n=experts.prefetch_top)
+                             temperature=experts.temperature)
 
 
 # ---------------------------------------------------------------------------------------------

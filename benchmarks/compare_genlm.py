@@ -571,7 +571,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--unroll-layers", action="store_true",
                         help="smc_jax: load_model(..., unroll_layers=True) (longer compiles, cheaper calls on CPU)")
     parser.add_argument("--prefetch", type=int, default=0,
-                        help="smc_jax byte level: prefetch the contexts of each context's N most likely tokens (0: off)")
+                        help="smc_jax byte level: calls also create the contexts the next N bytes may need (0: off)")
     parser.add_argument("--prefetch-rows", type=int, default=0, help="smc_jax byte level: rows a call may add to prefetch")
     parser.add_argument("--no-call-costs", action="store_true",
                         help="skip the per-call decode timings (no floor; fewer compilations)")

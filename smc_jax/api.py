@@ -346,7 +346,7 @@ class EnsembleSampler:
                 num_contexts=num_contexts,
                 prompt_bytes=prompt_bytes,
                 prompt_lengths=prompt_lengths,
-                prefetch_top=self.settings.prefetch,
+                prefetch_depth=self.settings.prefetch,
                 prefetch_slots=prefetch_slots,
                 prefetch_rows=self.settings.prefetch_rows,
             ).with_start_state(m)  # the prompt is read once per build, not once per seed

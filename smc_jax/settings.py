@@ -73,10 +73,10 @@ class SamplerSettings:
         Byte level: read raw-text prompts through the byte beam from BOS (GenLM's convention)
         instead of tokenizing them canonically.
     prefetch : int
-        Byte level: when a step calls the model anyway, also create the contexts the next few
-        bytes may need, looking ahead through each context's `prefetch` most likely tokens
-        (0 = off; `smc_jax.experts.byte.ByteExperts.prefetch_top`). Fewer sequential model
-        calls, more rows per call; the distributions and samples are the same.
+        Byte level: when a step calls the model anyway, also create the contexts the next
+        `prefetch` bytes may need (the tokens along the beams' likeliest continuations; 0 = off;
+        `smc_jax.experts.byte.ByteExperts.prefetch_depth`). Fewer sequential model calls; the
+        distributions and samples are the same.
     prefetch_rows : int
         Byte level, with `prefetch`: rows a call may add for prefetching beyond its batch's
         padding (0 = only fill the padding).

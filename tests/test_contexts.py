@@ -204,3 +204,32 @@ def test_a_step_loop_updates_the_store_in_place():
     assert table not in copied_shapes_outside_entry(hlo)
     final, _ = jax.jit(steps)(stores)
     assert not bool(final.overflow[0]) and int(final.calls[0]) > 0
+
+
+@pytest.mark.parametrize(
+    "required, grow, rows",
+    [
+        (3, 0, 4),  # optional rows only fill the padding of the bucket of 4
+        (3, 30, 8),  # and may take the next size up (8), never the worst case (40): 33 wished
+        (7, 30, 8),  # a call already in the next-to-last size stays there
+        (1, 1, 2),  # grow caps the extra rows: 1 + 1 fits the bucket of 2
+    ],
+)
+def test_optional_rows_fill_padding_and_grow_one_bucket_at_most(required, grow, rows):
+    v, r, e, s = 64, 40, 30, 3
+    lm = NGramTokenLM.random(jax.random.key(0), vocab_size=v, order=2)
+    prefix, logits0 = lm.prefill([1])
+    stores = jax.vmap(lambda l: init_store(lm, l, (r + e) * s, 2 * (r + e), s))(logits0[None])
+    parent = jnp.full((1, r), PROMPT_CONTEXT, jnp.int32)
+    token = jnp.arange(r, dtype=jnp.int32)[None] % v
+    valid = jnp.arange(r)[None] < required  # distinct tokens 0..required-1
+    # Optional rows: distinct (parent, token) pairs, fresh (not among the requests).
+    o_parent = jnp.full((1, e), PROMPT_CONTEXT, jnp.int32)
+    o_token = required + jnp.arange(e, dtype=jnp.int32)[None]
+    o_valid = jnp.ones((1, e), bool)
+    stores, new, opt = extend_group(stores, lm, prefix[None], parent, token, valid, parent, lambda x: x,
+                                    bucket_sizes(r, typical=4), optional=(o_parent, o_token, o_valid), grow=grow)
+    assert bucket_sizes(r, typical=4) == (2, 4, 8, 40)
+    assert int(stores.rows[0]) == rows
+    assert np.all(np.asarray(new)[0, :required] != NO_CONTEXT)
+    assert int(np.sum(np.asarray(opt) != NO_CONTEXT)) == rows - required

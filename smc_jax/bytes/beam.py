@@ -68,9 +68,6 @@ class ByteSummary(struct.PyTreeNode):
     tree: SumTree  # log-space sum tree over the byte tokens in trie order
     eos: Float[Array, "..."]  # log p(EOS | context)
     root_children: Float[Array, "... 256"]  # log m(child(root, b)): every fresh token's first byte
-    # Sorted (trie) positions of the N most likely byte tokens (N = 0 without prefetching):
-    # what `prefetch_candidates` looks ahead through.
-    top: Int[Array, "... N"]
 
 
 def summarize_logits(
@@ -79,19 +76,15 @@ def summarize_logits(
     allowed: Bool[Array, "V"],
     eos_ids: tuple[int, ...],
     temperature: float = 1.0,
-    top_n: int = 0,
 ) -> ByteSummary:
-    """log p(t | c) renormalized over the allowed ids (byte tokens and EOS), as a sum tree, and
-    the trie positions of the `top_n` most likely byte tokens."""
+    """log p(t | c) renormalized over the allowed ids (byte tokens and EOS), as a sum tree."""
     logits = jnp.where(allowed, logits.astype(jnp.float32) / temperature, -jnp.inf)
     logp = jax.nn.log_softmax(logits, axis=-1)
     eos = jax.nn.logsumexp(logp[..., jnp.asarray(eos_ids, jnp.int32)], axis=-1)
     sorted_logp = trie.sort_logprobs(logp)
     tree = build_sum_tree(sorted_logp)
     root_children = jax.vmap(lambda row: next_byte_logmass(trie, tree, ROOT, row))(jnp.arange(logits.shape[0]))
-    top_n = min(top_n, sorted_logp.shape[-1])
-    top = jax.lax.top_k(sorted_logp, top_n)[1].astype(jnp.int32) if top_n else jnp.zeros(eos.shape + (0,), jnp.int32)
-    return ByteSummary(tree=tree, eos=eos, root_children=root_children, top=top)
+    return ByteSummary(tree=tree, eos=eos, root_children=root_children)
 
 
 class BeamState(NamedTuple):
@@ -304,39 +297,98 @@ def lookahead_requests(plan: ShiftPlan) -> tuple[Int[Array, "M H D"], Int[Array,
     return parent, plan.ahead.token, plan.keep_ahead
 
 
-class PrefetchCandidates(NamedTuple):
-    """Contexts parent + token that the beam's next few bytes may need, with their weight
-    log p(parent) + log p(token | parent) relative to the beam's total weight."""
+class PrefetchSources(NamedTuple):
+    """The hypotheses a call looks ahead from: every one whose context exists."""
 
-    parent: Int[Array, "M Q"]  # Q = (C + C D) N
-    token: Int[Array, "M Q"]
-    score: Float[Array, "M Q"]  # -inf where none
+    context: Int[Array, "M H"]  # H = C + C D: the slots, then the materialized extensions
+    node: Int[Array, "M H"]  # NO_NODE where there is no hypothesis
+    share: Float[Array, "M H"]  # log p(c) - log(beam total); -inf where none
 
 
-def prefetch_candidates(trie: TokenTrie, table: ByteSummary, beam: BeamState) -> PrefetchCandidates:
-    """For every hypothesis whose context exists -- the slots (c, u) and the materialized
-    extensions (c + t, root) -- the tokens t' among its context's top N (`ByteSummary.top`) that
-    lie strictly below u in the trie (so not committed yet, and not the extensions at u, which
-    are requested as usual): c + t' is needed once the hypothesis reaches t''s end, if its
-    weight is then above threshold. A heuristic (the beam's total shrinks as bytes are read);
-    creating a context never changes a distribution, it only saves a later call."""
+def prefetch_sources(trie: TokenTrie, table: ByteSummary, beam: BeamState) -> PrefetchSources:
+    """The slots (c, u) and the materialized extensions (c + t, root), each with the share of
+    the beam's total weight its context holds, log p(c) - log sum_h e^{w(h)}."""
     m, c, d = beam.ext_context.shape
-    num_contexts = table.eos.shape[0]
     ext = extensions(trie, table, beam)
     has_ext = (beam.ext_context != NO_CONTEXT) & jnp.isfinite(ext.weight)
     context = jnp.concatenate([beam.context, jnp.where(has_ext, beam.ext_context, NO_CONTEXT).reshape(m, -1)], axis=1)
     node = jnp.concatenate([beam.node, jnp.full((m, c * d), ROOT, jnp.int32)], axis=1)
     logp = jnp.concatenate([beam.logp, jnp.where(has_ext, ext.weight, -jnp.inf).reshape(m, -1)], axis=1)
-    rows = _row(context, num_contexts)
-    positions = table.top[rows]  # [M, H, N]
-    node = jnp.clip(node, 0, trie.num_nodes - 1)[..., None]
-    below = (positions >= trie.node_end_hi[node]) & (positions < trie.node_hi[node]) & (context != NO_CONTEXT)[..., None]
-    token_logp = leaf_logprobs(table.tree, positions, jnp.broadcast_to(rows[..., None], positions.shape))
-    total = _lse(beam.weight, axis=-1)
-    score = jnp.where(below, logp[..., None] + token_logp - total[:, None, None], -jnp.inf)
-    parent = jnp.broadcast_to(context[..., None], positions.shape)
-    token = trie.sorted_token_ids[positions]
-    return PrefetchCandidates(parent.reshape(m, -1), token.reshape(m, -1), score.reshape(m, -1))
+    valid = context != NO_CONTEXT
+    share = logp - _lse(beam.weight, axis=-1)[:, None]
+    return PrefetchSources(context, jnp.where(valid, node, NO_NODE), jnp.where(valid, share, -jnp.inf))
+
+
+class PrefetchCandidates(NamedTuple):
+    """Contexts parent + token that the next few bytes may need, each scored by the share of
+    the beam's total weight that reaches the token's end."""
+
+    parent: Int[Array, "Q"]
+    token: Int[Array, "Q"]
+    score: Float[Array, "Q"]  # -inf where none
+
+
+#: Children looked at per node below the first two levels (99% of the nodes inside a token of
+#: SmolLM2's and Gemma 3's tries have at most 8; the first levels, e.g. the node of " ", read all).
+LOOKAHEAD_CHILDREN = 16
+
+
+def prefetch_candidates(
+    trie: TokenTrie, table: ByteSummary, sources: PrefetchSources, depth: int, width: int
+) -> PrefetchCandidates:
+    """The tokens a hypothesis (c, u) may commit within the next `depth` bytes, by a beam search
+    down the trie from u: the tokens ending at u, then, at each of `depth` levels, those ending
+    at the `width` nodes v of largest m_c(v) among the children of the previous level's nodes.
+    The context c + t of such a token is needed once the particle has read path(v) and the
+    extension passes the beam's threshold; its score is the share of the beam's weight that
+    reaches v, log p(c) + log m_c(v) - log(beam total). A heuristic: creating a context changes
+    no distribution, it only spares a later call.
+
+    Parameters
+    ----------
+    trie, table
+        The trie and the expert's context summaries.
+    sources : PrefetchSources
+        U hypotheses (leaves [U]).
+    depth, width : int
+        Bytes looked ahead, nodes kept per level.
+
+    Returns
+    -------
+    PrefetchCandidates
+        Q = U D (1 + depth width) candidates (D = the trie's max duplicates).
+    """
+    rows = _row(sources.context, table.eos.shape[0])[:, None]
+    node, share = sources.node[:, None], sources.share[:, None]
+
+    def children(nodes: Int[Array, "U F"], slots: int) -> tuple[Int[Array, "U FS"], Float[Array, "U FS"]]:
+        slot = jnp.arange(slots, dtype=jnp.int32)
+        safe = jnp.clip(nodes, 0, trie.num_nodes - 1)[..., None]
+        exists = (slot < trie.node_num_children[safe]) & ((nodes != NO_NODE) & (nodes != ROOT))[..., None]
+        kid = jnp.where(exists, trie.node_first_child[safe] + slot, NO_NODE)
+        mass = node_logmass(trie, table.tree, kid, jnp.broadcast_to(rows[:, :, None], kid.shape))
+        return kid.reshape(kid.shape[0], -1), mass.reshape(kid.shape[0], -1)
+
+    def ending(nodes: Int[Array, "U F"], mass: Float[Array, "U F"]) -> PrefetchCandidates:
+        ends = ending_tokens(trie, table.tree, nodes, jnp.broadcast_to(rows, nodes.shape))
+        score = jnp.where(ends.mask, (share + mass)[..., None], -jnp.inf)
+        parent = jnp.broadcast_to(sources.context[:, None, None], score.shape)
+        return PrefetchCandidates(parent.reshape(-1), jnp.where(ends.mask, ends.token_ids, 0).reshape(-1), score.reshape(-1))
+
+    found = [ending(jnp.where(node == ROOT, NO_NODE, node), node_logmass(trie, table.tree, node, rows))]
+    # The first level: a fresh context's first bytes (precomputed), or the children of u.
+    at_root = node == ROOT
+    root_mass, root_byte = jax.lax.top_k(table.root_children[rows[:, 0]], width)
+    kid, mass = children(node, trie.max_inner_children)
+    kid = jnp.concatenate([jnp.where(at_root, child(trie, jnp.full_like(root_byte, ROOT), root_byte), NO_NODE), kid], axis=1)
+    mass = jnp.concatenate([jnp.where(at_root, root_mass, -jnp.inf), jnp.where(at_root, -jnp.inf, mass)], axis=1)
+    for level in range(depth):
+        if level:
+            kid, mass = children(frontier, trie.max_inner_children if level == 1 else min(trie.max_inner_children, LOOKAHEAD_CHILDREN))
+        frontier_mass, pick = jax.lax.top_k(jnp.where(kid != NO_NODE, mass, -jnp.inf), width)
+        frontier = jnp.where(jnp.isfinite(frontier_mass), jnp.take_along_axis(kid, pick, axis=1), NO_NODE)
+        found.append(ending(frontier, frontier_mass))
+    return PrefetchCandidates(*(jnp.concatenate(parts) for parts in zip(*found)))
 
 
 def next_byte_logprobs(

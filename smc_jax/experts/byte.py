@@ -10,7 +10,7 @@ for the token contexts requested, deduplicated across particles and slots and ba
 K prompts (`models.contexts`), and none is made when no beam of any particle requests anything.
 A byte step thus makes at most one call per model, except when a context created by the shift
 needs an extension at once (its parent did not exist before the call). With prefetching
-(`ByteExperts.prefetch_top`, off by default), a call also creates contexts later bytes may
+(`ByteExperts.prefetch_depth`, off by default), a call also creates contexts the next bytes may
 need (`prefetch_candidates`), and a step finds those in a cache instead of calling.
 """
 
@@ -37,6 +37,8 @@ from smc_jax.bytes.beam import (
     next_byte_logprobs,
     plan_shift,
     prefetch_candidates,
+    PrefetchSources,
+    prefetch_sources,
     shift,
     shift_requests,
     summarize_logits,
@@ -49,7 +51,7 @@ from smc_jax.models.contexts import NO_CONTEXT, PROMPT_CONTEXT, ContextStore, bu
 
 
 class PrefetchCache(NamedTuple):
-    """Per expert: the contexts prefetched by the last call (`ByteExperts.prefetch_top`), each
+    """Per expert: the contexts prefetched by the last call (`ByteExperts.prefetch_depth`), each
     keyed by its parent's pool entry and its token (an alive context keeps its parent's entry
     alive, so the key cannot be reused while the context is cached), and counters."""
 
@@ -82,14 +84,17 @@ class ByteExperts(ModelExperts):
     # A shift that calls the model also fetches what the next refresh may need (more rows, fewer
     # sequential calls); False fetches only what each of the two needs (same distributions).
     lookahead: bool = struct.field(pytree_node=False, default=True)
-    # Prefetching (0 = off): every context keeps the trie positions of its `prefetch_top` most
-    # likely tokens; a call made anyway also creates, for every hypothesis (c, u) of every
-    # particle, the contexts c + t for those tokens t below u (not committed yet) whose weight
-    # log p(c) + log p(t | c) is above `prefetch_threshold` times its beam's total, heaviest
-    # first: up to `prefetch_slots` per expert, in the bucket's padding rows plus at most
-    # `prefetch_rows` more. A later step finds them (keyed by parent and token) instead of
-    # calling: fewer sequential calls, more rows, the same distributions.
-    prefetch_top: int = struct.field(pytree_node=False, default=0)
+    # Prefetching (0 = off): a call made anyway also creates, in the rows its batch pads plus at
+    # most `prefetch_rows` more, the contexts the next `prefetch_depth` bytes may need: the
+    # tokens along the likeliest continuations of the `prefetch_sources` heaviest distinct
+    # hypotheses per expert (`smc_jax.bytes.beam.prefetch_candidates`, `prefetch_width` nodes per
+    # byte), those reached by at least `prefetch_threshold` of a beam's weight, heaviest first, up
+    # to `prefetch_slots` per expert. A later step finds them (keyed by parent and token) instead
+    # of calling: fewer sequential calls, the same distributions (up to float rounding: a
+    # prefetched context is computed in a batch of another size; docs/byte_level.md).
+    prefetch_depth: int = struct.field(pytree_node=False, default=0)
+    prefetch_width: int = struct.field(pytree_node=False, default=3)
+    prefetch_sources: int = struct.field(pytree_node=False, default=32)
     prefetch_slots: int = struct.field(pytree_node=False, default=32)
     prefetch_rows: int = struct.field(pytree_node=False, default=0)
     prefetch_threshold: float = struct.field(pytree_node=False, default=0.01)
@@ -110,12 +115,12 @@ class ByteExperts(ModelExperts):
         return self.beam.width * (1 + self.trie.max_duplicates)
 
     def _summarize(self, logits: Float[Array, "U V"]) -> ByteSummary:
-        return summarize_logits(logits, self.trie, self.allowed, self.eos_ids, self.temperature, self.prefetch_top)
+        return summarize_logits(logits, self.trie, self.allowed, self.eos_ids, self.temperature)
 
     @property
     def cache_slots(self) -> int:
         """E, the prefetch cache's size per expert (0 with prefetching off)."""
-        return self.prefetch_slots if self.prefetch_top else 0
+        return self.prefetch_slots if self.prefetch_depth else 0
 
     def capacity(self, num_particles: int) -> tuple[int, int]:
         """(pool entries, contexts). The worst case: contexts alive at once are the prompt's,
@@ -198,12 +203,21 @@ class ByteExperts(ModelExperts):
         if not (prefetch and self.cache_slots):
             stores, created = extend_group(*args)
             return stores, cache, jnp.moveaxis(created.reshape(k, m, r), 0, 1)
-        cand = jax.vmap(
-            lambda table, beam: prefetch_candidates(self.trie, table, beam), in_axes=(0, 1), out_axes=1
-        )(stores.summary, beams)  # [M, K, Q]
-        score, best = jax.lax.top_k(flat(cand.score), self.cache_slots)  # [K, E], heaviest first
-        c_parent = jnp.take_along_axis(flat(cand.parent), best, axis=1)
-        c_token = jnp.take_along_axis(flat(cand.token), best, axis=1)
+        sources = jax.vmap(lambda table, beam: prefetch_sources(self.trie, table, beam), in_axes=(0, 1), out_axes=1)(
+            stores.summary, beams)
+        # Particles that share a history share hypotheses: look ahead from the U heaviest distinct ones.
+        share = jax.vmap(_best_of_each)(flat(sources.context), flat(sources.node), flat(sources.share))
+        share, pick = jax.lax.top_k(share, min(self.prefetch_sources, share.shape[1]))
+        sources = PrefetchSources(jnp.take_along_axis(flat(sources.context), pick, axis=1),
+                                jnp.take_along_axis(flat(sources.node), pick, axis=1), share)
+        cand = jax.vmap(lambda table, src: prefetch_candidates(self.trie, table, src, self.prefetch_depth, self.prefetch_width))(
+            stores.summary, sources)  # [K, Q]
+        pad = max(0, self.cache_slots - cand.score.shape[1])  # fewer candidates than cache slots
+        cand = jax.tree.map(lambda x, fill: jnp.pad(x, ((0, 0), (0, pad)), constant_values=fill), cand,
+                            type(cand)(0, 0, -jnp.inf))
+        score, best = jax.lax.top_k(jax.vmap(_best_of_each)(cand.parent, cand.token, cand.score), self.cache_slots)  # [K, E]
+        c_parent = jnp.take_along_axis(cand.parent, best, axis=1)
+        c_token = jnp.take_along_axis(cand.token, best, axis=1)
         c_valid = score > math.log(self.prefetch_threshold)
         found = self._lookup(stores, cache, c_parent, c_token, c_valid)
         missing = c_valid & (found == NO_CONTEXT)
@@ -416,6 +430,14 @@ class ByteExperts(ModelExperts):
             prefetched=int(np.asarray(cache.created).sum()),
             prefetch_hits=int(np.asarray(cache.hits).sum()),
         )
+
+
+def _best_of_each(key1: Int[Array, "Q"], key2: Int[Array, "Q"], score: Float[Array, "Q"]) -> Float[Array, "Q"]:
+    """The scores with every repeated (key1, key2) pair but its best-scored copy set to -inf."""
+    order = jnp.lexsort((-score, key2, key1))
+    k1, k2 = key1[order], key2[order]
+    first = jnp.concatenate([jnp.ones((1,), bool), (k1[1:] != k1[:-1]) | (k2[1:] != k2[:-1])])
+    return jnp.full_like(score, -jnp.inf).at[order].set(jnp.where(first, score[order], -jnp.inf))
 
 
 @jax.jit(static_argnums=1)

@@ -257,7 +257,8 @@ def extend_group(
 
     `optional` (parent, token, valid) lists requests in priority order that ride along when a
     call is made anyway: they fill the rows the bucket pads (free: padding is computed too), and
-    may grow the bucket by up to `grow` rows. Duplicates of a request or of an earlier optional
+    may take up to `grow` more rows, in the next bucket size at most (never the last one).
+    Duplicates of a request or of an earlier optional
     row share its context. With `optional`, also returns each optional row's context
     (NO_CONTEXT where it did not fit)."""
     reqs = jax.vmap(dedupe)(parent, token, valid)
@@ -278,9 +279,14 @@ def extend_group(
     fresh = opt_valid & ~jnp.any(same_req, axis=-1) & ~jnp.any(same_opt, axis=-1)
     rank = jnp.cumsum(fresh, axis=1) - 1
     num_fresh = jnp.sum(fresh, axis=1)
-    needed = jnp.max(reqs.count + jnp.minimum(num_fresh, grow))
     sizes = jnp.asarray(buckets)
-    branch = jnp.where(jnp.max(reqs.count) == 0, 0, 1 + jnp.minimum(jnp.searchsorted(sizes, needed, side="left"), len(buckets) - 1))
+    bucket = lambda n: jnp.minimum(jnp.searchsorted(sizes, n, side="left"), len(buckets) - 1)
+    # Optional rows may take the next size up, never more and never the last size (the worst
+    # case, far larger than the others): prefetching at most doubles a call's rows.
+    required = bucket(jnp.max(reqs.count))
+    wished = bucket(jnp.max(reqs.count + jnp.minimum(num_fresh, grow)))
+    grown = jnp.minimum(wished, jnp.maximum(required, jnp.minimum(required + 1, len(buckets) - 2)))
+    branch = jnp.where(jnp.max(reqs.count) == 0, 0, 1 + grown)
 
     def make_branch(size: int):
         def run(carry: tuple[ContextStore, Array, Array]) -> tuple[ContextStore, Int[Array, "K R"], Int[Array, "K E"]]:

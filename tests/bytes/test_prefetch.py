@@ -1,4 +1,4 @@
-"""Prefetching (`ByteExperts.prefetch_top`): fewer sequential model calls, the same next-byte
+"""Prefetching (`ByteExperts.prefetch_depth`): fewer sequential model calls, the same next-byte
 distributions, on a toy token LM whose strings cross several token boundaries."""
 
 import jax
@@ -24,12 +24,12 @@ def _model() -> NGramTokenLM:
     return NGramTokenLM(table=table, vocab_size=v, order=2)
 
 
-def _experts(lm: NGramTokenLM, prefetch_top: int) -> ByteExperts:
+def _experts(lm: NGramTokenLM, prefetch_depth: int) -> ByteExperts:
     prefixes, logits = zip(*[lm.prefill(p) for p in ([0], [2])])
     return ByteExperts(
         model=lm, prefixes=jnp.stack(prefixes), prompt_logits=jnp.stack(logits), trie=TokenTrie.build(VOCAB),
         allowed=jnp.ones((len(VOCAB),), bool), eos_ids=(EOS_ID,), beam=BeamConfig(width=3, threshold=0.05),
-        max_tokens=NUM_BYTES + 1, prefetch_top=prefetch_top, prefetch_slots=24, prefetch_rows=4,
+        max_tokens=NUM_BYTES + 1, prefetch_depth=prefetch_depth, prefetch_slots=24, prefetch_rows=4,
     )
 
 
@@ -65,14 +65,56 @@ def test_prefetch_saves_calls_and_changes_no_distribution():
     lm = _model()
     data = jnp.asarray(_sample_strings(lm))
     runs = {}
-    for top in (0, 8):
-        experts = _experts(lm, top)
+    for depth in (0, 4):
+        experts = _experts(lm, depth)
         state, logps = _read(experts, data)
-        runs[top] = experts.stats(state), np.asarray(logps)
-    (off, logp_off), (on, logp_on) = runs[0], runs[8]
+        runs[depth] = experts.stats(state), np.asarray(logps)
+    (off, logp_off), (on, logp_on) = runs[0], runs[4]
     np.testing.assert_array_equal(logp_on, logp_off)  # bit for bit, at every byte and particle
     assert off["prefetched"] == off["prefetch_hits"] == 0
     assert on["prefetch_hits"] > 0
     # Measured: 16 -> 13 calls for 16 bytes (prefetch off calls at every byte), 100 -> 68 rows
-    # needed (324 computed: the prefetched rows fill the batches' padding and 4 more per call).
+    # needed (132 -> 156 computed: prefetched rows fill the batches' padding and 4 more per call,
+    # at most up to the next batch size).
     assert on["model_calls"] <= 0.85 * off["model_calls"], (on, off)
+
+
+def test_candidates_follow_the_heaviest_continuations():
+    """Brute force on a small vocabulary: the tokens ending along the `width` heaviest nodes of
+    each level below a hypothesis, scored by the mass that reaches their end."""
+    from smc_jax.bytes.beam import PrefetchSources, prefetch_candidates, summarize_logits
+    from smc_jax.bytes.trie import ROOT
+
+    vocab = [b"a", b"b", b"ab", b"abc", b"abd", b"ba", b"bab", b"c", None]
+    p = np.array([0.05, 0.1, 0.05, 0.3, 0.1, 0.15, 0.05, 0.1, 0.1])
+    trie = TokenTrie.build(vocab)
+    table = summarize_logits(jnp.log(jnp.asarray(p, jnp.float32))[None], trie, jnp.ones(len(vocab), bool), (8,))
+    share = -0.5
+
+    def mass(prefix: bytes) -> float:
+        return float(np.log(sum(q for b, q in zip(vocab, p) if b is not None and b.startswith(prefix))))
+
+    sources = PrefetchSources(jnp.asarray([0]), jnp.asarray([ROOT]), jnp.asarray([share]))
+    cand = prefetch_candidates(trie, table, sources, depth=3, width=1)
+    found = {vocab[int(t)]: float(s) for t, s in zip(cand.token, cand.score) if np.isfinite(s)}
+    # Heaviest first byte: a (0.5 vs b 0.3, c 0.1); then ab (0.45); then abc (0.3) over abd.
+    assert set(found) == {b"a", b"ab", b"abc"}
+    for token, score in found.items():
+        np.testing.assert_allclose(score, share + mass(token), rtol=1e-5)
+    wide = prefetch_candidates(trie, table, sources, depth=3, width=2)
+    found = {vocab[int(t)] for t, s in zip(wide.token, wide.score) if np.isfinite(s)}
+    # Two nodes per level: {a, b}, then {ab, ba}, then {abc, abd} (bab's 0.05 is lighter).
+    assert found == {b"a", b"b", b"ab", b"ba", b"abc", b"abd"}
+    # From inside a token (node "ab"): the token ending there, then its heaviest child.
+    at_ab = PrefetchSources(jnp.asarray([0]), jnp.asarray([int(_node(trie, b"ab"))]), jnp.asarray([share]))
+    cand = prefetch_candidates(trie, table, at_ab, depth=1, width=1)
+    assert {vocab[int(t)] for t, s in zip(cand.token, cand.score) if np.isfinite(s)} == {b"ab", b"abc"}
+
+
+def _node(trie: TokenTrie, path: bytes):
+    from smc_jax.bytes.trie import ROOT, child
+
+    node = jnp.asarray(ROOT)
+    for byte in path:
+        node = child(trie, node, jnp.asarray(byte))
+    return node
