@@ -76,7 +76,8 @@ class SamplerSettings:
         Byte level: when a step calls the model anyway, also create the contexts the next
         `prefetch` bytes may need (the tokens along the beams' likeliest continuations; 0 = off;
         `smc_jax.experts.byte.ByteExperts.prefetch_depth`). Fewer sequential model calls; the
-        distributions and samples are the same.
+        same distributions, up to float rounding (a prefetched context is computed in a batch of
+        another size).
     prefetch_rows : int
         Byte level, with `prefetch`: rows a call may add for prefetching beyond its batch's
         padding (0 = only fill the padding).

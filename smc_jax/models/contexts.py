@@ -258,9 +258,8 @@ def extend_group(
     `optional` (parent, token, valid) lists requests in priority order that ride along when a
     call is made anyway: they fill the rows the bucket pads (free: padding is computed too), and
     may take up to `grow` more rows, in the next bucket size at most (never the last one).
-    Duplicates of a request or of an earlier optional
-    row share its context. With `optional`, also returns each optional row's context
-    (NO_CONTEXT where it did not fit)."""
+    Duplicates of a request or of an earlier optional row share its context. With `optional`,
+    also returns each optional row's context (NO_CONTEXT where it did not fit)."""
     reqs = jax.vmap(dedupe)(parent, token, valid)
     r = parent.shape[1]
     if optional is None:
