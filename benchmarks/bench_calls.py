@@ -4,7 +4,9 @@ The two byte-SMC workloads of `compare_genlm.py` (smc_jax side, same settings: M
 beam width 5, prune threshold 0.05, prompts read as bytes from BOS, 39 bytes plus a forced EOS,
 ESS threshold 0.9, multinomial resampling, GenLM's product target p1 * p2): SmolLM2 x 2 prompts
 and SmolLM2 x Gemma 3. For each prefetch setting (`SamplerSettings.prefetch` = bytes looked
-ahead, `prefetch_rows` = rows beyond a call's padding) it runs seeds 0..runs-1 after a
+ahead, `prefetch_rows` = rows beyond a call's padding, and children per particle,
+`smc_jax.api.PREFETCH_CHILDREN_PER_PARTICLE`: contexts one token below the best candidates,
+created in the same call by tree attention) it runs seeds 0..runs-1 after a
 warm-up seed and reports, per run, the sequential model calls (summed over the model groups,
 as they run one after the other), the rows computed (padding included), the contexts
 prefetched and the cache hits, and wall time (median). XLA compilations during the timed runs
@@ -29,6 +31,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import jax.numpy as jnp
 import numpy as np
 
+import smc_jax.api
 from benchmarks.common import save
 from smc_jax import load_model
 from smc_jax.api import EnsembleSampler, Expert
@@ -38,8 +41,8 @@ from smc_jax.utils.compilation import count_compilations
 PROMPTS = ("My favorite physicist is", "My favorite author is")
 SMOLLM2, GEMMA3 = "smollm2-135m-instruct", "gemma3-270m"
 WORKLOADS = {"smc-prompts": "SmolLM2 x 2 prompts", "smc-models": "SmolLM2 x Gemma 3"}
-#: (prefetch, prefetch_rows) settings compared; (0, 0) is prefetching off.
-CONFIGS = ((0, 0), (8, 0), (8, 16))
+#: (prefetch, prefetch_rows, children per particle) settings compared; (0, 0, 0) is prefetching off.
+CONFIGS = ((0, 0, 0), (8, 0, 0), (8, 0, 1), (8, 64, 0), (8, 64, 1))
 WARMUP_SEED = 100
 
 
@@ -65,50 +68,58 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--workloads", nargs="+", choices=list(WORKLOADS), default=list(WORKLOADS))
-    parser.add_argument("--configs", nargs="+", default=[f"{p}/{r}" for p, r in CONFIGS],
-                        help="prefetch/prefetch_rows pairs; 0/0 (off) is always run first")
+    parser.add_argument("--configs", nargs="+", default=["/".join(map(str, c)) for c in CONFIGS],
+                        help="prefetch/prefetch_rows[/children per particle]; 0/0/0 (off) is always run first")
     parser.add_argument("--name", default="bench_calls")
     args = parser.parse_args()
-    configs = [(0, 0)] + [tuple(int(v) for v in c.split("/")) for c in args.configs if c != "0/0"]
+    configs = [tuple(int(v) for v in (c.split("/") + ["0"])[:3]) for c in args.configs]
+    configs = [(0, 0, 0)] + [c for c in configs if c != (0, 0, 0)]
     models = {SMOLLM2: load_model(SMOLLM2)}
     if "smc-models" in args.workloads:
         models[GEMMA3] = load_model(GEMMA3)
     rows = []
     for workload in args.workloads:
         reference = {}
-        for prefetch, extra in configs:
+        for prefetch, extra, children in configs:
+            smc_jax.api.PREFETCH_CHILDREN_PER_PARTICLE = children  # read when a sampler is built
             sampler = sampler_for(workload, models, prefetch, extra)
             sampler(WARMUP_SEED, allow_zero_weight=True)  # compilation
             results = []
             with count_compilations() as compiled:
                 for seed in range(args.runs):
                     results.append(sampler(seed, allow_zero_weight=True))
-            same = []
+            same, same_texts, diffs = [], [], []
             for seed, r in enumerate(results):
                 key = (list(r.texts), np.asarray(r.log_weights, np.float64))
-                if (prefetch, extra) == (0, 0):
+                if (prefetch, extra, children) == (0, 0, 0):
                     reference[seed] = key
                 ref = reference[seed]
                 same.append(ref[0] == key[0] and np.array_equal(ref[1], key[1]))
+                same_texts.append(ref[0] == key[0])
+                if same_texts[-1]:
+                    finite = np.isfinite(ref[1])
+                    diffs.append(float(np.max(np.abs(ref[1] - key[1])[finite], initial=0.0)))
             stat = lambda name: [r.stats.get(name, 0) for r in results]
             row = {
-                "workload": WORKLOADS[workload], "prefetch": prefetch, "prefetch_rows": extra,
+                "workload": WORKLOADS[workload], "prefetch": prefetch, "prefetch_rows": extra, "children": children,
                 "calls_per_run": statistics.mean(stat("model_calls")), "calls": stat("model_calls"),
                 "rows_per_run": statistics.mean(stat("rows_computed")),
                 "prefetched_per_run": statistics.mean(stat("prefetched")),
                 "hits_per_run": statistics.mean(stat("prefetch_hits")),
                 "wall_s": statistics.median(stat("seconds")), "walls": [round(t, 3) for t in stat("seconds")],
-                "recompiles": compiled.count, "same_samples_as_off": all(same),
+                "recompiles": compiled.count, "same_samples_as_off": all(same), "same_texts_as_off": all(same_texts),
+                "max_logw_diff": max(diffs, default=float("nan")),
             }
             print(row, flush=True)
             rows.append(row)
-    columns = ["workload", "prefetch", "prefetch_rows", "calls_per_run", "rows_per_run", "prefetched_per_run",
-               "hits_per_run", "wall_s", "recompiles", "same_samples_as_off"]
+    columns = ["workload", "prefetch", "prefetch_rows", "children", "calls_per_run", "rows_per_run", "prefetched_per_run",
+               "hits_per_run", "wall_s", "recompiles", "same_samples_as_off", "same_texts_as_off", "max_logw_diff"]
     notes = (f"Byte SMC as in compare_genlm.py (M=10, beam 5 / 0.05, 39 bytes + EOS), {args.runs} runs (seeds "
              "0..) per setting after a warm-up run; calls, rows, prefetched contexts and cache hits are means per "
              "run, wall_s the median. Timings measured under load (shared 2-core machine): compare the calls, "
              "and the walls only roughly. same_samples_as_off: every run's texts and weights equal the "
-             "prefetch-off run of the same seed.")
+             "prefetch-off run of the same seed; same_texts_as_off: the texts do, and max_logw_diff is the "
+             "largest |log-weight difference| over those runs (float rounding: another batch size, tree attention).")
     print(save(args.name, rows, columns, {"runs": args.runs, "configs": configs}, notes))
 
 

@@ -60,7 +60,9 @@ MAX_CAPACITY_SCALE = 64
 #: Starting byte-level context capacity per particle and unit of beam width.
 CONTEXTS_PER_BEAM_SLOT = 3
 #: Byte level with prefetching: the prefetch cache's size per particle (contexts per expert).
-PREFETCH_SLOTS_PER_PARTICLE = 2
+PREFETCH_SLOTS_PER_PARTICLE = 4
+#: Byte level with prefetching: contexts prefetched one token below the best candidates, per particle.
+PREFETCH_CHILDREN_PER_PARTICLE = 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -329,8 +331,9 @@ class EnsembleSampler:
             # this matters; a run that overflows is rerun with doubled capacities.
             num_contexts = (1 + CONTEXTS_PER_BEAM_SLOT * m * self.settings.beam_width) * scale
             prefetch_slots = PREFETCH_SLOTS_PER_PARTICLE * m
+            prefetch_children = PREFETCH_CHILDREN_PER_PARTICLE * m
             if self.settings.prefetch:  # the prefetch cache keeps up to that many contexts alive
-                num_contexts += prefetch_slots * scale
+                num_contexts += (prefetch_slots + prefetch_children) * scale
             num_entries = (2 * m * (max_tokens + 1) + num_contexts) * scale
             return ByteExperts(
                 model=paged,
@@ -348,6 +351,7 @@ class EnsembleSampler:
                 prompt_lengths=prompt_lengths,
                 prefetch_depth=self.settings.prefetch,
                 prefetch_slots=prefetch_slots,
+                prefetch_children=prefetch_children,
                 prefetch_rows=self.settings.prefetch_rows,
             ).with_start_state(m)  # the prompt is read once per build, not once per seed
         return TokenExperts(

@@ -75,12 +75,14 @@ class SamplerSettings:
     prefetch : int
         Byte level: when a step calls the model anyway, also create the contexts the next
         `prefetch` bytes may need (the tokens along the beams' likeliest continuations; 0 = off;
-        `smc_jax.experts.byte.ByteExperts.prefetch_depth`). Fewer sequential model calls; the
-        same distributions, up to float rounding (a prefetched context is computed in a batch of
-        another size).
+        `smc_jax.experts.byte.ByteExperts.prefetch_depth`), and after them, by tree attention
+        in the same call, likely tokens right after those (`smc_jax.api.PREFETCH_CHILDREN_PER_PARTICLE`).
+        Fewer sequential model calls; the same distributions, up to float rounding (a
+        prefetched context is computed in a batch of another size).
     prefetch_rows : int
         Byte level, with `prefetch`: rows a call may add for prefetching beyond its batch's
-        padding (0 = only fill the padding).
+        padding (0 = only fill the padding; the batch then takes the smallest size that holds
+        them, at most 4 times the number of particles).
     progress : bool
         Report each step to `smc_jax.smc.progress` listeners (a host callback per step).
     """

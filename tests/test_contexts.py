@@ -207,15 +207,17 @@ def test_a_step_loop_updates_the_store_in_place():
 
 
 @pytest.mark.parametrize(
-    "required, grow, rows",
+    "required, grow, doublings, rows",
     [
-        (3, 0, 4),  # optional rows only fill the padding of the bucket of 4
-        (3, 30, 8),  # and may take the next size up (8), never the worst case (40): 33 wished
-        (7, 30, 8),  # a call already in the next-to-last size stays there
-        (1, 1, 2),  # grow caps the extra rows: 1 + 1 fits the bucket of 2
+        (3, 0, 1, 4),  # optional rows only fill the padding of the bucket of 4
+        (3, 30, 1, 8),  # and may take a larger size (8), never the worst case (40): 33 wished
+        (7, 30, 1, 8),  # a call already in the next-to-last size stays there
+        (1, 1, 1, 2),  # grow caps the extra rows: 1 + 1 fits the bucket of 2
+        (3, 10, 2, 16),  # 13 wished: two sizes up (4 -> 16)
+        (3, 30, 2, 16),  # 33 wished: 16, never 40
     ],
 )
-def test_optional_rows_fill_padding_and_grow_one_bucket_at_most(required, grow, rows):
+def test_optional_rows_fill_padding_and_never_take_the_worst_case(required, grow, doublings, rows):
     v, r, e, s = 64, 40, 30, 3
     lm = NGramTokenLM.random(jax.random.key(0), vocab_size=v, order=2)
     prefix, logits0 = lm.prefill([1])
@@ -228,8 +230,54 @@ def test_optional_rows_fill_padding_and_grow_one_bucket_at_most(required, grow, 
     o_token = required + jnp.arange(e, dtype=jnp.int32)[None]
     o_valid = jnp.ones((1, e), bool)
     stores, new, opt = extend_group(stores, lm, prefix[None], parent, token, valid, parent, lambda x: x,
-                                    bucket_sizes(r, typical=4), optional=(o_parent, o_token, o_valid), grow=grow)
-    assert bucket_sizes(r, typical=4) == (2, 4, 8, 40)
+                                    bucket_sizes(r, typical=4, doublings=doublings), optional=(o_parent, o_token, o_valid), grow=grow)
+    assert bucket_sizes(r, typical=4, doublings=doublings) == ((2, 4, 8, 40) if doublings == 1 else (2, 4, 8, 16, 40))
     assert int(stores.rows[0]) == rows
     assert np.all(np.asarray(new)[0, :required] != NO_CONTEXT)
     assert int(np.sum(np.asarray(opt) != NO_CONTEXT)) == rows - required
+
+
+def test_linked_optional_rows_continue_rows_of_the_same_call():
+    """Tree attention: each created context of a linked optional row equals the directly
+    computed distribution after prompt + its parent row's tokens + its token; a child of a row
+    that copies a request continues that request's row; children of equal rows are one row; a
+    child of an invalid or later row is dropped; rows are counted once."""
+    v, r, s = 9, 16, 4
+    lm = NGramTokenLM.random(jax.random.key(3), vocab_size=v, order=3)  # logits see 2 tokens back
+    prompt = [1, 2]
+    prefix, logits0 = lm.prefill(prompt)
+    stores = jax.vmap(lambda l: init_store(lm, l, 32, 32, s))(logits0[None])
+    # A stored context [4] to continue.
+    stores, first = extend_group(stores, lm, prefix[None], jnp.full((1, 1), PROMPT_CONTEXT), jnp.full((1, 1), 4),
+                                 jnp.ones((1, 1), bool), jnp.full((1, 1), NO_CONTEXT), lambda x: x, (1,))
+    c4 = int(first[0, 0])
+    parent = jnp.asarray([[c4, c4] + [PROMPT_CONTEXT] * (r - 2)], jnp.int32)
+    token = jnp.asarray([[5, 6, 7] + [0] * (r - 3)], jnp.int32)
+    valid = jnp.arange(r)[None] < 3
+    keep = jnp.asarray([[c4]], jnp.int32)
+    # (parent, token, link): 0: [4]+8 (fresh); 1: [4]+5 (= request 0); 2: child of 0 (+1);
+    # 3: [4]+8 again (= row 0); 4: child of 1 (+2, continues request 0); 5: child of 3 (= row 2);
+    # 6: child of 0 (+3); 7: child of 8 (later: dropped); 8: [8] invalid; 9: child of 8 (invalid).
+    rows = [(c4, 8, -1), (c4, 5, -1), (0, 1, 0), (c4, 8, -1), (0, 2, 1), (0, 1, 3), (0, 3, 0), (0, 1, 8),
+            (PROMPT_CONTEXT, 8, -1), (0, 1, 8)]
+    o_parent, o_token, link = (jnp.asarray([[row[i] for row in rows]], jnp.int32) for i in range(3))
+    o_valid = jnp.asarray([[i != 8 for i in range(len(rows))]])
+    step = jax.jit(lambda st, buckets, grow: extend_group(st, lm, prefix[None], parent, token, valid, keep, lambda x: x,
+                                                          buckets, optional=(o_parent, o_token, o_valid), grow=grow, link=link),
+                   static_argnums=(1, 2))
+    out, new, opt = step(stores, (4, 8, 16), 8)
+    ids = np.asarray(opt)[0].tolist()
+    assert ids[1] == int(new[0, 0]) and ids[3] == ids[0] and ids[5] == ids[2]
+    assert ids[7] == ids[8] == ids[9] == NO_CONTEXT
+    want = {0: [4, 8], 2: [4, 8, 1], 4: [4, 5, 2], 6: [4, 8, 3]}
+    for index, seq in want.items():
+        assert ids[index] != NO_CONTEXT, index
+        np.testing.assert_allclose(np.asarray(out.summary[0, ids[index]]), lm.logits_of(prompt, seq), rtol=1e-6)
+    for i, seq in enumerate([[4, 5], [4, 6], [7]]):
+        np.testing.assert_allclose(np.asarray(out.summary[0, int(new[0, i])]), lm.logits_of(prompt, seq), rtol=1e-6)
+    # 3 requests + 4 fresh optional rows = 7, in the bucket of 8; 3 of them needed.
+    assert int(out.rows[0]) - int(stores.rows[0]) == 8 and int(out.requests[0]) - int(stores.requests[0]) == 3
+    # In the bucket of 4 (no growth), only row 0 fits: its children are not created.
+    out, new, opt = step(stores, (4, 8, 16), 0)
+    ids = np.asarray(opt)[0].tolist()
+    assert ids[0] != NO_CONTEXT and ids[2] == ids[4] == ids[6] == NO_CONTEXT

@@ -326,6 +326,7 @@ class PrefetchCandidates(NamedTuple):
     parent: Int[Array, "Q"]
     token: Int[Array, "Q"]
     score: Float[Array, "Q"]  # -inf where none
+    source: Int[Array, "Q"]  # the index of the hypothesis it was found from
 
 
 #: Children looked at per node below the first two levels (99% of the nodes inside a token of
@@ -373,7 +374,9 @@ def prefetch_candidates(
         ends = ending_tokens(trie, table.tree, nodes, jnp.broadcast_to(rows, nodes.shape))
         score = jnp.where(ends.mask, (share + mass)[..., None], -jnp.inf)
         parent = jnp.broadcast_to(sources.context[:, None, None], score.shape)
-        return PrefetchCandidates(parent.reshape(-1), jnp.where(ends.mask, ends.token_ids, 0).reshape(-1), score.reshape(-1))
+        source = jnp.broadcast_to(jnp.arange(score.shape[0], dtype=jnp.int32)[:, None, None], score.shape)
+        return PrefetchCandidates(parent.reshape(-1), jnp.where(ends.mask, ends.token_ids, 0).reshape(-1), score.reshape(-1),
+                                  source.reshape(-1))
 
     found = [ending(jnp.where(node == ROOT, NO_NODE, node), node_logmass(trie, table.tree, node, rows))]
     # The first level: a fresh context's first bytes (precomputed), or the children of u.

@@ -44,7 +44,7 @@ from smc_jax.bytes.beam import (
     summarize_logits,
 )
 from smc_jax.bytes.healing import HealPlan, healed_beam, healed_eos, plan_heal, token_logprob, zero_byte_logprob
-from smc_jax.bytes.trie import TokenTrie
+from smc_jax.bytes.trie import ROOT, TokenTrie
 from smc_jax.bytes.vocab import NUM_BYTES
 from smc_jax.experts.model_base import ModelExperts
 from smc_jax.models.contexts import NO_CONTEXT, PROMPT_CONTEXT, ContextStore, bucket_sizes, extend_group
@@ -60,6 +60,17 @@ class PrefetchCache(NamedTuple):
     token: Int[Array, "K E"]
     hits: Int[Array, "K"]  # extensions found here instead of requested
     created: Int[Array, "K"]  # contexts prefetched
+
+
+class _Children(NamedTuple):
+    """Prefetch children (`ByteExperts._children`), per expert [K, F]."""
+
+    parent: Int[Array, "K F"]  # the source's context where it exists (else its parent's)
+    token: Int[Array, "K F"]
+    source: Int[Array, "K F"]  # the candidate continued
+    exists: Bool[Array, "K F"]  # whether that candidate's context exists before the call
+    valid: Bool[Array, "K F"]
+    score: Float[Array, "K F"]
 
 
 class ByteExpertState(NamedTuple):
@@ -98,6 +109,10 @@ class ByteExperts(ModelExperts):
     prefetch_slots: int = struct.field(pytree_node=False, default=32)
     prefetch_rows: int = struct.field(pytree_node=False, default=0)
     prefetch_threshold: float = struct.field(pytree_node=False, default=0.01)
+    # Children: up to `prefetch_children` contexts one token below the best candidates
+    # (`_children`), created in the same call (tree attention) when their parent is created too.
+    prefetch_children: int = struct.field(pytree_node=False, default=0)
+    prefetch_child_depth: int = struct.field(pytree_node=False, default=2)
     # GenLM's prompt convention: the prefix holds only BOS, and these raw prompt bytes (padded,
     # with their lengths) are read through the beam at init, summing over their tokenizations.
     prompt_bytes: Int[Array, "K P"] | None = None
@@ -120,7 +135,7 @@ class ByteExperts(ModelExperts):
     @property
     def cache_slots(self) -> int:
         """E, the prefetch cache's size per expert (0 with prefetching off)."""
-        return self.prefetch_slots if self.prefetch_depth else 0
+        return self.prefetch_slots + self.prefetch_children if self.prefetch_depth else 0
 
     def capacity(self, num_particles: int) -> tuple[int, int]:
         """(pool entries, contexts). The worst case: contexts alive at once are the prompt's,
@@ -199,7 +214,8 @@ class ByteExperts(ModelExperts):
         kept = [flat(beams.context), flat(beams.ext_context), cache.context]
         keep = jnp.concatenate(kept + ([] if also_keep is None else [flat(also_keep)]), axis=1)
         args = (stores, self.model, self.prefixes, flat(parent), flat(token), flat(wanted), keep, self._summarize,
-                bucket_sizes(m * r, typical=m))  # ~one fresh context per particle and step
+                # ~one fresh context per particle and step; prefetch rows may fill up to 4 times that
+                bucket_sizes(m * r, typical=m, doublings=2 if self.cache_slots and self.prefetch_rows else 1))
         if not (prefetch and self.cache_slots):
             stores, created = extend_group(*args)
             return stores, cache, jnp.moveaxis(created.reshape(k, m, r), 0, 1)
@@ -212,28 +228,69 @@ class ByteExperts(ModelExperts):
                                 jnp.take_along_axis(flat(sources.node), pick, axis=1), share)
         cand = jax.vmap(lambda table, src: prefetch_candidates(self.trie, table, src, self.prefetch_depth, self.prefetch_width))(
             stores.summary, sources)  # [K, Q]
-        pad = max(0, self.cache_slots - cand.score.shape[1])  # fewer candidates than cache slots
+        e = self.prefetch_slots
+        pad = max(0, e - cand.score.shape[1])  # fewer candidates than cache slots
         cand = jax.tree.map(lambda x, fill: jnp.pad(x, ((0, 0), (0, pad)), constant_values=fill), cand,
-                            type(cand)(0, 0, -jnp.inf))
-        score, best = jax.lax.top_k(jax.vmap(_best_of_each)(cand.parent, cand.token, cand.score), self.cache_slots)  # [K, E]
+                            type(cand)(0, 0, -jnp.inf, 0))
+        score, best = jax.lax.top_k(jax.vmap(_best_of_each)(cand.parent, cand.token, cand.score), e)  # [K, E]
         c_parent = jnp.take_along_axis(cand.parent, best, axis=1)
         c_token = jnp.take_along_axis(cand.token, best, axis=1)
         c_valid = score > math.log(self.prefetch_threshold)
         found = self._lookup(stores, cache, c_parent, c_token, c_valid)
         missing = c_valid & (found == NO_CONTEXT)
-        stores, created, fetched = extend_group(*args, optional=(c_parent, c_token, missing), grow=self.prefetch_rows)
-        parent_entry = jax.vmap(lambda entries, p: entries[jnp.clip(p, 0, entries.shape[0] - 1)])(stores.context_entry, c_parent)
-        fresh = missing & (fetched != NO_CONTEXT)
+        kids = self._children(stores, c_parent, c_token, score, c_valid, found)
+        # Children of existing contexts are plain optional rows; those of contexts created now
+        # continue their rows in the same call (tree attention). They come after the candidates:
+        # their scores are guesses, and ranked among the candidates they displaced better ones
+        # (measured: more calls).
+        k_found = self._lookup(stores, cache, kids.parent, kids.token, kids.valid & kids.exists)
+        k_want = kids.valid & jnp.where(kids.exists, k_found == NO_CONTEXT, jnp.take_along_axis(missing, kids.source, axis=1))
+        want = jnp.concatenate([missing, k_want], 1)
+        link = jnp.concatenate([jnp.full_like(c_token, -1), jnp.where(kids.exists, -1, kids.source)], 1)
+        optional = (jnp.concatenate([c_parent, kids.parent], 1), jnp.concatenate([c_token, kids.token], 1), want)
+        stores, created, fetched = extend_group(*args, optional=optional, grow=self.prefetch_rows,
+                                                link=link if self.prefetch_children else None)
+        c_context = jnp.where(found != NO_CONTEXT, found, fetched[:, :e])
+        k_context = jnp.where(k_found != NO_CONTEXT, k_found, fetched[:, e:])
+        kid_parent = jnp.where(kids.exists, kids.parent, jnp.take_along_axis(c_context, kids.source, axis=1))
+        entry_of = lambda ctx: jax.vmap(lambda entries, c: entries[jnp.clip(c, 0, entries.shape[0] - 1)])(stores.context_entry, ctx)
         new = PrefetchCache(
-            context=jnp.where(found != NO_CONTEXT, found, fetched),
-            parent_entry=parent_entry,
-            token=c_token,
+            context=jnp.concatenate([c_context, jnp.where(kids.valid, k_context, NO_CONTEXT)], 1),
+            parent_entry=jnp.concatenate([entry_of(c_parent), entry_of(kid_parent)], 1),
+            token=jnp.concatenate([c_token, kids.token], 1),
             hits=cache.hits,
-            created=cache.created + jnp.sum(fresh, axis=1).astype(jnp.int32),
+            created=cache.created + jnp.sum(want & (fetched != NO_CONTEXT), axis=1).astype(jnp.int32),
         )
         called = jnp.any(wanted)
         cache = jax.tree.map(lambda x, y: jnp.where(called, x, y), new, cache)
         return stores, cache, jnp.moveaxis(created.reshape(k, m, r), 0, 1)
+
+    def _children(
+        self, stores: ContextStore, parent: Int[Array, "K E"], token: Int[Array, "K E"], score: Float[Array, "K E"],
+        valid: Bool[Array, "K E"], found: Int[Array, "K E"],
+    ) -> "_Children":
+        """The `prefetch_children` likeliest tokens after the best candidates c + t: a search
+        `prefetch_child_depth` bytes down the trie from the root of c + t, with c + t's own
+        distribution where it exists, else with c's (a guess: c + t's is not computed yet)."""
+        if not self.prefetch_children:
+            none = jnp.zeros((parent.shape[0], 0), jnp.int32)
+            return _Children(none, none, none, none.astype(bool), none.astype(bool), none.astype(jnp.float32))
+        n = min(self.prefetch_children, parent.shape[1])
+        exists = found[:, :n] != NO_CONTEXT
+        table_of = jnp.where(exists, found[:, :n], parent[:, :n])
+        sources = PrefetchSources(table_of, jnp.full(table_of.shape, ROOT, jnp.int32), jnp.where(valid[:, :n], score[:, :n], -jnp.inf))
+        cand = jax.vmap(lambda table, src: prefetch_candidates(self.trie, table, src, self.prefetch_child_depth, self.prefetch_width))(
+            stores.summary, sources)
+        best_score, best = jax.lax.top_k(jax.vmap(_best_of_each)(cand.source, cand.token, cand.score), self.prefetch_children)
+        source = jnp.take_along_axis(cand.source, best, axis=1)
+        return _Children(
+            parent=jnp.take_along_axis(table_of, source, axis=1),
+            token=jnp.take_along_axis(cand.token, best, axis=1),
+            source=source,
+            exists=jnp.take_along_axis(exists, source, axis=1),
+            valid=best_score > math.log(self.prefetch_threshold),
+            score=best_score,
+        )
 
     def _lookup(
         self, stores: ContextStore, cache: PrefetchCache, parent: Int[Array, "K R"], token: Int[Array, "K R"], mask: Bool[Array, "K R"]

@@ -270,10 +270,12 @@ class NGramTokenLM:
     def init_pool(self, capacity: int) -> Int[Array, "N"]:
         return jnp.zeros((capacity,), jnp.int32)
 
-    def step(self, prefix, pool, paths, depth, tokens, write_at):
+    def step(self, prefix, pool, paths, depth, tokens, write_at, tree=False):
         h = self.order - 1
+        # Written before it is read: a path may name an entry this call writes (`tree`).
+        pool = pool.at[write_at].set(tokens, mode="drop")
         if h == 0:
-            return self.table[jnp.zeros_like(tokens)], pool.at[write_at].set(tokens, mode="drop")
+            return self.table[jnp.zeros_like(tokens)], pool
         s = paths.shape[1]
         c = tokens.shape[0]
         continuation = jnp.where(jnp.arange(s)[None] < depth[:, None], pool[paths], -1)  # [C, S]
@@ -284,7 +286,7 @@ class NGramTokenLM:
         ends = h + depth + 1  # exclusive end of the valid part of `full`
         idx = ends[:, None] - h + jnp.arange(h)[None]
         history = jnp.take_along_axis(full, idx, axis=1)
-        return self.table[self._code(history)], pool.at[write_at].set(tokens, mode="drop")
+        return self.table[self._code(history)], pool
 
     def logits_of(self, prompt: Sequence[int], continuation: Sequence[int]) -> np.ndarray:
         """Reference: next-token logits after prompt ++ continuation, computed directly."""

@@ -57,10 +57,12 @@ class PagedModel(Protocol):
         depth: Int[Array, "C"],
         tokens: Int[Array, "C"],
         write_at: Int[Array, "C"],
+        tree: bool = False,
     ) -> tuple[Float[Array, "C V"], PyTree]:
         """Feeds tokens[c] after the prompt and the entries paths[c, :depth[c]]; returns the
         next-token logits and the pool with token c's keys/values stored at entry write_at[c]
-        (an out-of-range write_at means: do not store)."""
+        (an out-of-range write_at means: do not store). With `tree` (static), a path may name
+        an entry write_at[j] of this call: row c then continues row j's token (tree attention)."""
 
 
 @struct.dataclass
@@ -169,13 +171,20 @@ def extend_contexts(
     keep: Int[Array, "K"],
     summarize: Callable[[Float[Array, "U V"]], PyTree],
     needed: Bool[Array, "U"] | None = None,
+    parent_row: Int[Array, "U"] | None = None,
 ) -> tuple[ContextStore, Int[Array, "U"]]:
     """Creates context parent + token for each valid row with one model call of U rows.
 
     `keep` lists context ids (NO_CONTEXT entries ignored) that must survive besides the parents.
     `needed` (default: `valid`) marks the rows counted as requests (the others are prefetched).
-    Returns the store and the new context ids (NO_CONTEXT for invalid rows)."""
+    `parent_row[u] >= 0` makes row u continue the context that row parent_row[u] creates in
+    this same call (tree attention; that row must have no such parent itself, and parent[u] is
+    ignored); the row is created only where its parent row is. Returns the store and the new
+    context ids (NO_CONTEXT for invalid rows)."""
     n, t = store.num_entries, store.num_contexts
+    u = parent.shape[0]
+    in_call = jnp.zeros((u,), bool) if parent_row is None else parent_row >= 0
+    parent = jnp.where(in_call, NO_CONTEXT, parent)
     refs = jnp.concatenate([keep, jnp.where(valid, parent, NO_CONTEXT)])
     ctx_alive = jnp.zeros((t,), bool).at[jnp.where(refs >= 0, refs, t)].set(True, mode="drop")
     ctx_alive = ctx_alive.at[PROMPT_CONTEXT].set(True)  # the root of every continuation
@@ -183,20 +192,28 @@ def extend_contexts(
     path_used = ctx_alive[:, None] & (jnp.arange(store.max_tokens)[None] < live_depth[:, None])
     entry_alive = jnp.zeros((n,), bool).at[jnp.where(path_used, live_paths, n)].set(True, mode="drop")
 
-    u = parent.shape[0]
     new_entry = _first_free(entry_alive, u)
     new_ctx = _first_free(ctx_alive, u)
     paths, depth = context_tokens_path(store, parent)
+    extended = lambda paths, depth: paths.at[jnp.arange(u), jnp.minimum(depth, store.max_tokens - 1)].set(new_entry)
     full = depth >= store.max_tokens
     overflow = jnp.any(valid & ((new_entry >= n) | (new_ctx >= t) | full))
     ok = valid & ~full
+    if parent_row is not None:  # a row in the tree continues its parent row's new path
+        row = jnp.clip(parent_row, 0, u - 1)
+        paths = jnp.where(in_call[:, None], extended(paths, depth)[row], paths)
+        depth = jnp.where(in_call, depth[row] + 1, depth)
+        full = depth >= store.max_tokens
+        ok = jnp.where(in_call, ok[row] & valid & ~full, ok)
+        overflow = overflow | jnp.any(in_call & ok & ((new_entry >= n) | (new_ctx >= t)))
     write_entry = jnp.where(ok, new_entry, n)
     write_ctx = jnp.where(ok, new_ctx, t)
 
     written = jnp.sum(ok).astype(jnp.int32)
 
-    logits, pool = model.step(prefix, store.pool, paths, depth, token, write_entry)
-    new_paths = paths.at[jnp.arange(u), jnp.minimum(depth, store.max_tokens - 1)].set(new_entry)
+    step_args = (prefix, store.pool, paths, depth, token, write_entry)
+    logits, pool = model.step(*step_args) if parent_row is None else model.step(*step_args, tree=True)
+    new_paths = extended(paths, depth)
     summaries = summarize(logits)
     store = ContextStore(
         pool=pool,
@@ -228,11 +245,12 @@ def _in_place_cond(pred: Bool[Array, ""], fn: Callable[[PyTree], PyTree], operan
     return jax.lax.while_loop(lambda carry: carry[0], body, (pred, operand))[1]
 
 
-def bucket_sizes(max_requests: int, typical: int) -> tuple[int, ...]:
-    """Batch sizes of the model call: half, once and twice the `typical` number of unique
-    requests per step, and the worst case `max_requests`. Each size compiles its own copy of the
-    model step, so there are few; a step uses the smallest that holds its requests."""
-    sizes = {max(1, typical // 2), typical, 2 * typical}
+def bucket_sizes(max_requests: int, typical: int, doublings: int = 1) -> tuple[int, ...]:
+    """Batch sizes of the model call: half and once the `typical` number of unique requests per
+    step, that doubled `doublings` times, and the worst case `max_requests`. Each size compiles
+    its own copy of the model step, so there are few; a step uses the smallest that holds its
+    requests."""
+    sizes = {max(1, typical // 2)} | {typical * 2**i for i in range(doublings + 1)}
     return tuple(sorted({min(size, max_requests) for size in sizes} | {max_requests}))
 
 
@@ -248,6 +266,7 @@ def extend_group(
     buckets: Sequence[int],
     optional: tuple[Int[Array, "K E"], Int[Array, "K E"], Bool[Array, "K E"]] | None = None,
     grow: int = 0,
+    link: Int[Array, "K E"] | None = None,
 ) -> tuple[ContextStore, Int[Array, "K R"]] | tuple[ContextStore, Int[Array, "K R"], Int[Array, "K E"]]:
     """`extend_contexts` for K experts of one model (stores and prefixes stacked on axis 0).
 
@@ -257,70 +276,93 @@ def extend_group(
 
     `optional` (parent, token, valid) lists requests in priority order that ride along when a
     call is made anyway: they fill the rows the bucket pads (free: padding is computed too), and
-    may take up to `grow` more rows, in the next bucket size at most (never the last one).
-    Duplicates of a request or of an earlier optional row share its context. With `optional`,
-    also returns each optional row's context (NO_CONTEXT where it did not fit)."""
+    may take up to `grow` more rows (the bucket is then the smallest holding them, never the
+    last, worst-case size).
+    Duplicates of a request or of an earlier optional row share its context. Where `link[k, i]
+    >= 0`, optional row i continues the context that the earlier optional row link[k, i] creates
+    in the same call (tree attention; parent[k, i] is ignored, and the row is dropped where that
+    one is not created). With `optional`, also returns each optional row's context (NO_CONTEXT
+    where it did not fit)."""
     reqs = jax.vmap(dedupe)(parent, token, valid)
-    r = parent.shape[1]
+    k, r = parent.shape
+    has_optional = optional is not None
     if optional is None:
-        opt_parent = opt_token = jnp.zeros((parent.shape[0], 0), jnp.int32)
-        opt_valid = jnp.zeros((parent.shape[0], 0), bool)
-    else:
-        opt_parent, opt_token, opt_valid = optional
+        optional = (jnp.zeros((k, 0), jnp.int32), jnp.zeros((k, 0), jnp.int32), jnp.zeros((k, 0), bool))
+    opt_parent, opt_token, opt_valid = optional
     e = opt_parent.shape[1]
-    # Each optional row's source: a unique request (index < r), an earlier optional row
-    # (r + index), or itself (a fresh row, ranked in priority order).
+    position = jnp.arange(e, dtype=jnp.int32)[None]
+    linked = jnp.zeros((k, e), bool) if link is None else link >= 0
+    safe_link = jnp.clip(jnp.zeros((k, e), jnp.int32) if link is None else link, 0, max(e - 1, 0))
+    # A linked row needs a valid, earlier, unlinked parent row.
+    at_link = lambda x: jnp.take_along_axis(x, safe_link, axis=1)
+    opt_valid = opt_valid & (~linked | ((safe_link < position) & at_link(opt_valid) & ~at_link(linked)))
+    # Each optional row's source: a unique request (index < r), the first equal optional row, or
+    # itself (fresh: ranked in priority order after the requests). A linked row's key is its
+    # parent row's source (negative: no context id), so children of equal rows are equal.
     same_req = (opt_parent[:, :, None] == reqs.parent[:, None, :]) & (opt_token[:, :, None] == reqs.token[:, None, :])
-    same_req = same_req & reqs.valid[:, None, :] & opt_valid[:, :, None]
-    earlier = jnp.arange(e)[None, :] < jnp.arange(e)[:, None]
-    same_opt = (opt_parent[:, :, None] == opt_parent[:, None, :]) & (opt_token[:, :, None] == opt_token[:, None, :])
-    same_opt = same_opt & earlier[None] & opt_valid[:, None, :] & opt_valid[:, :, None]
+    same_req = same_req & reqs.valid[:, None, :] & opt_valid[:, :, None] & ~linked[:, :, None]
+    plain_same = _same_earlier(opt_parent, opt_token, opt_valid & ~linked)
+    plain_source = jnp.where(jnp.any(same_req, axis=-1), _first(same_req),
+                             r + jnp.where(jnp.any(plain_same, axis=-1), _first(plain_same), position))
+    key = jnp.where(linked, -2 - at_link(plain_source), opt_parent)
+    same_opt = _same_earlier(key, opt_token, opt_valid)
     fresh = opt_valid & ~jnp.any(same_req, axis=-1) & ~jnp.any(same_opt, axis=-1)
-    rank = jnp.cumsum(fresh, axis=1) - 1
-    num_fresh = jnp.sum(fresh, axis=1)
+    own_row = reqs.count[:, None] + jnp.cumsum(fresh, axis=1) - 1
+    row = jnp.where(jnp.any(same_req, axis=-1), _first(same_req),
+                    jnp.where(jnp.any(same_opt, axis=-1), jnp.take_along_axis(own_row, _first(same_opt), axis=1), own_row))
+    row = jnp.where(opt_valid, row, _NO_ROW)
+    parent_row = jnp.where(linked & opt_valid, at_link(row), -1)
+
     sizes = jnp.asarray(buckets)
     bucket = lambda n: jnp.minimum(jnp.searchsorted(sizes, n, side="left"), len(buckets) - 1)
-    # Optional rows may take the next size up, never more and never the last size (the worst
-    # case, far larger than the others): prefetching at most doubles a call's rows.
+    # Optional rows never take the last size (the worst case, far larger than the others).
     required = bucket(jnp.max(reqs.count))
-    wished = bucket(jnp.max(reqs.count + jnp.minimum(num_fresh, grow)))
-    grown = jnp.minimum(wished, jnp.maximum(required, jnp.minimum(required + 1, len(buckets) - 2)))
+    wished = bucket(jnp.max(reqs.count + jnp.minimum(jnp.sum(fresh, axis=1), grow)))
+    grown = jnp.minimum(wished, jnp.maximum(required, len(buckets) - 2))
     branch = jnp.where(jnp.max(reqs.count) == 0, 0, 1 + grown)
 
     def make_branch(size: int):
-        def run(carry: tuple[ContextStore, Array, Array]) -> tuple[ContextStore, Int[Array, "K R"], Int[Array, "K E"]]:
-            stores = carry[0]
-
-            def one(store, prefix, req: Requests, keep_k, fresh_k, rank_k, o_parent, o_token):
-                row = jnp.where(fresh_k & (req.count + rank_k < size), req.count + rank_k, size)
-                rows_parent = req.parent[:size].at[row].set(o_parent, mode="drop")
-                rows_token = req.token[:size].at[row].set(o_token, mode="drop")
-                rows_valid = req.valid[:size].at[row].set(True, mode="drop")
+        def run(carry: tuple[ContextStore, Array]) -> tuple[ContextStore, Int[Array, "K RE"]]:
+            def one(store, prefix, req: Requests, keep_k, fresh_k, own_k, o_parent, o_token, p_row):
+                at = jnp.where(fresh_k & (own_k < size), own_k, size)  # a child's parent is earlier: it fits
+                fill = lambda base, opt: base[:size].at[at].set(opt, mode="drop")
+                rows_link = None if link is None else fill(jnp.full((r,), -1, jnp.int32), p_row)
                 store, created = extend_contexts(
-                    store, model, prefix, rows_parent, rows_token, rows_valid, keep_k, summarize, req.valid[:size]
+                    store, model, prefix, fill(req.parent, o_parent), fill(req.token, o_token),
+                    fill(req.valid, jnp.ones_like(fresh_k)), keep_k, summarize, req.valid[:size], rows_link,
                 )
-                opt_created = jnp.where(row < size, created[jnp.minimum(row, size - 1)], NO_CONTEXT)
-                return store, jnp.full((r,), NO_CONTEXT, jnp.int32).at[:size].set(created), opt_created
+                return store, jnp.full((r + e,), NO_CONTEXT, jnp.int32).at[:size].set(created)
 
-            return jax.vmap(one)(stores, prefixes, reqs, keep, fresh, rank, opt_parent, opt_token)
+            return jax.vmap(one)(carry[0], prefixes, reqs, keep, fresh, own_row, opt_parent, opt_token, parent_row)
 
         return run
 
-    created = jnp.full((parent.shape[0], r), NO_CONTEXT, jnp.int32)
-    opt_created = jnp.full((parent.shape[0], e), NO_CONTEXT, jnp.int32)
-    carry = (stores, created, opt_created)
+    carry = (stores, jnp.full((k, r + e), NO_CONTEXT, jnp.int32))
     for index, size in enumerate(buckets, start=1):
         carry = _in_place_cond(branch == index, make_branch(size), carry)
-    stores, created, opt_created = carry
-    new_ctx = jnp.take_along_axis(created, jnp.clip(reqs.inverse, 0, r - 1), axis=1)
-    new_ctx = jnp.where(valid & (reqs.inverse < r), new_ctx, NO_CONTEXT)
-    if optional is None:
+    stores, created = carry
+    at_row = lambda rows: jnp.take_along_axis(created, jnp.clip(rows, 0, r + e - 1), axis=1)
+    new_ctx = jnp.where(valid & (reqs.inverse < r), at_row(reqs.inverse), NO_CONTEXT)
+    if not has_optional:
         return stores, new_ctx
-    # Duplicates take their source's context (a request's, or the first equal optional row's).
-    from_req = jnp.take_along_axis(created, jnp.argmax(same_req, axis=-1), axis=1)
-    from_opt = jnp.take_along_axis(opt_created, jnp.argmax(same_opt, axis=-1), axis=1)
-    opt_ctx = jnp.where(jnp.any(same_req, axis=-1), from_req, jnp.where(jnp.any(same_opt, axis=-1), from_opt, opt_created))
-    return stores, new_ctx, jnp.where(opt_valid, opt_ctx, NO_CONTEXT)
+    return stores, new_ctx, jnp.where(opt_valid, at_row(row), NO_CONTEXT)
+
+
+#: Row index of an optional row or child that has none.
+_NO_ROW = jnp.iinfo(jnp.int32).max
+
+
+def _first(mask: Bool[Array, "K E N"]) -> Int[Array, "K E"]:
+    """The index of the first True along the last axis (0 where none, or where N = 0)."""
+    return jnp.argmax(mask, axis=-1) if mask.shape[-1] else jnp.zeros(mask.shape[:-1], jnp.int32)
+
+
+def _same_earlier(key1: Int[Array, "K E"], key2: Int[Array, "K E"], valid: Bool[Array, "K E"]) -> Bool[Array, "K E E"]:
+    """same[k, i, j]: valid rows j < i with the keys of row i."""
+    e = key1.shape[1]
+    earlier = jnp.arange(e)[None, :] < jnp.arange(e)[:, None]
+    same = (key1[:, :, None] == key1[:, None, :]) & (key2[:, :, None] == key2[:, None, :])
+    return same & earlier[None] & valid[:, None, :] & valid[:, :, None]
 
 
 def context_stats(stores: ContextStore) -> dict[str, int]:

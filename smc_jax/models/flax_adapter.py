@@ -132,6 +132,7 @@ class PagedFlaxLM:
         depth: Int[Array, " rows"],
         tokens: Int[Array, " rows"],
         write_at: Int[Array, " rows"],
+        tree: bool = False,
     ) -> tuple[Float[Array, "rows vocab"], TokenPool]:
         """Next-token logits of R rows after feeding each its token, and the pool with the tokens
         written (the interface of `PagedTransformer.step`).
@@ -150,6 +151,9 @@ class PagedFlaxLM:
             The token each row reads now.
         write_at : int array [R]
             The pool entry that stores each row's token (out of range: not stored).
+        tree : bool
+            Whether a path may name an entry this call writes (another row's token): the tokens
+            are written before the paths are read, so that needs nothing more here.
 
         Returns
         -------
@@ -159,6 +163,7 @@ class PagedFlaxLM:
             The updated pool.
         """
         rows, slots = paths.shape
+        pool = TokenPool(tokens=pool.tokens.at[write_at].set(tokens, mode="drop"))
         padded = prefix.tokens.shape[0]
         i = jnp.arange(padded + slots + 1, dtype=jnp.int32)[None]  # [1, L]
         in_prompt = i < prefix.length
@@ -170,7 +175,7 @@ class PagedFlaxLM:
         seq = jnp.where(i == last[:, None], tokens[:, None], seq).astype(jnp.int32)
         logits = _logits(self.apply_fn, self.params, seq)
         out = jnp.take_along_axis(logits, last[:, None, None], axis=1)[:, 0]
-        return out[:, : self.vocab_size], TokenPool(tokens=pool.tokens.at[write_at].set(tokens, mode="drop"))
+        return out[:, : self.vocab_size], pool
 
 
 @dataclasses.dataclass(frozen=True, eq=False)

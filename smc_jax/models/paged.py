@@ -9,6 +9,11 @@ rows that share a history share its entries and resampling copies integers, not 
 Padding meets the pool in the paths: path slots >= depth[c] point at entry 0 (or any entry) and
 are masked, exactly like the stale tail of a contiguous continuation cache; their positions are
 computed as if they followed the valid part, so masking is all that is needed.
+
+A path may also name entries that the same call writes (`written`): row c then attends to row
+j's new key/value, computed in this call, wherever paths[c] names written[j] (tree attention:
+one call feeds a token and some of its continuations). Such slots are masked in the pool block
+(the pool holds stale data there) and read from the rows' own block instead.
 """
 
 from __future__ import annotations
@@ -39,15 +44,23 @@ def paged_decode(
     paths: Int[Array, "rows slots"],
     depth: Int[Array, " rows"],
     tokens: Int[Array, " rows"],
+    written: Int[Array, " rows"] | None = None,
 ) -> tuple[Float[Array, "rows vocab"], Float[Array, "layers rows kv_heads head_dim"], Array]:
     """One new token per row at position prefix.length + depth[c], attending to the prompt, to
-    the pool entries paths[c, :depth[c]] and to itself. Returns logits and the new keys/values."""
+    the pool entries paths[c, :depth[c]] and to itself. With `written` (the entries this call
+    writes, out of range for none), a path entry written[j] stands for row j's new token.
+    Returns logits and the new keys/values."""
     rows, slots = paths.shape
     q_pos = (prefix.length + depth)[:, None].astype(jnp.int32)
     prompt_pos = jnp.arange(prefix.k.shape[1], dtype=jnp.int32)
     slot = jnp.arange(slots, dtype=jnp.int32)[None]
     suffix_pos = jnp.broadcast_to(prefix.length + slot, (rows, slots))
     suffix_valid = slot < depth[:, None]
+    tree = None
+    if written is not None:
+        names = suffix_valid[:, :, None] & (paths[:, :, None] == written[None, None, :])  # [c, slot, j]
+        suffix_valid = suffix_valid & ~jnp.any(names, axis=2)
+        tree = jnp.any(names, axis=1) | jnp.eye(rows, dtype=bool)
 
     def context(kv: tuple[Array, Array, Array]) -> list[Keys]:
         pk, pv, layer = kv  # this layer's prompt cache, and its index into the pool
@@ -62,7 +75,7 @@ def paged_decode(
     layers = jnp.arange(config.num_layers, dtype=jnp.int32)
     x = embed(params, config, tokens[:, None], q_pos)
     h, (k, v) = decoder(
-        params, config, x, q_pos, jnp.ones((rows, 1), bool), (prefix.k, prefix.v, layers), context
+        params, config, x, q_pos, jnp.ones((rows, 1), bool), (prefix.k, prefix.v, layers), context, tree
     )
     return output_logits(params, config, h)[:, 0], k[:, :, 0], v[:, :, 0]
 
@@ -94,8 +107,10 @@ class PagedTransformer:
         depth: Int[Array, " rows"],
         tokens: Int[Array, " rows"],
         write_at: Int[Array, " rows"],
+        tree: bool = False,
     ) -> tuple[Float[Array, "rows vocab"], KVPool]:
-        logits, k, v = paged_decode(self.params, self.config, prefix, pool, paths, depth, tokens)
+        written = write_at if tree else None
+        logits, k, v = paged_decode(self.params, self.config, prefix, pool, paths, depth, tokens, written)
         return logits, KVPool(
             k=pool.k.at[:, write_at].set(k.astype(pool.k.dtype), mode="drop"),
             v=pool.v.at[:, write_at].set(v.astype(pool.v.dtype), mode="drop"),

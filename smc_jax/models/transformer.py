@@ -51,8 +51,9 @@ MASK_VALUE = float(jnp.finfo(F32).min)
 class Keys(NamedTuple):
     """One block of keys/values a query may attend to.
 
-    Either shared by all rows (k: [S, kv_heads, hd], pos/valid: [S]) or per row
-    (k: [R, S, kv_heads, hd], pos/valid: [R, S]).
+    Either shared by all rows (k: [S, kv_heads, hd], pos: [S], valid: [S], or [R, S] when rows
+    see different keys of it: a tree of rows) or per row (k: [R, S, kv_heads, hd], pos/valid:
+    [R, S]).
     """
 
     k: Float[Array, "*rows keys kv_heads head_dim"]
@@ -134,7 +135,7 @@ def _attend(
         spec = "rtkgd,skd->rtkgs" if block.shared else "rtkgd,rskd->rtkgs"
         scores.append(jnp.einsum(spec, qg, block.k, preferred_element_type=F32))
         kp = block.pos[None, None, :] if block.shared else block.pos[:, None, :]
-        ok = block.valid[None, None, :] if block.shared else block.valid[:, None, :]
+        ok = block.valid[None, None, :] if block.valid.ndim == 1 else block.valid[:, None, :]
         ok = ok & (kp <= qp)
         if config.uses_sliding_window:
             ok = ok & (~sliding | (qp - kp < config.sliding_window))
@@ -203,11 +204,14 @@ def decoder(
     q_valid: Bool[Array, "rows tokens"],
     context_kv: Any = None,
     context: ContextFn = lambda _: [],
+    tree: Bool[Array, "rows rows"] | None = None,
 ) -> tuple[Float[Array, "rows tokens d"], tuple[Array, Array]]:
     """Run all layers; returns the final hidden states and every layer's new k, v.
 
     `context_kv` is a pytree of per-layer cache arrays (leading layer axis) and `context` turns one
-    layer's slice into the key blocks that precede the new tokens.
+    layer's slice into the key blocks that precede the new tokens. With `tree` (one new token per
+    row), row r attends to the new token of every row j with tree[r, j] (its ancestors in this
+    call, and itself) instead of only its own: tree attention.
     """
 
     if config.rope_switches_to_long:
@@ -232,7 +236,8 @@ def decoder(
                 inv_freq = jnp.where((call_len > meta.long_from)[:, None], meta.inv_freq_long, inv_freq)
             q = _rope(q, q_pos, inv_freq, meta.rope_factor)
             k = _rope(k, q_pos, inv_freq, meta.rope_factor)
-        blocks = [*context(kv), Keys(k, v, q_pos, q_valid)]
+        new = Keys(k, v, q_pos, q_valid) if tree is None else Keys(k[:, 0], v[:, 0], q_pos[:, 0], tree & q_valid[:, 0][None])
+        blocks = [*context(kv), new]
         attn = _attend(q, q_pos, blocks, meta.scale, meta.sliding, config)
         out = _dense(attn.reshape(*x.shape[:2], -1), lp["o"], "rtn,nd->rtd")
         if config.post_norms:

@@ -81,3 +81,45 @@ def test_prompts_vmapped_read_the_pool_in_place(tiny):
     hlo = step.lower(prefixes, pools, paths, depth, tokens, write).compile().as_text()
     assert f"[{k},{layers},{entries},{kv_heads},{head_dim}]" in hlo
     assert f"[{layers},{k},{entries},{kv_heads},{head_dim}]" not in hlo
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma3", "phi3_longrope"])
+def test_tree_rows_continue_rows_of_the_same_call(tiny, arch):
+    """Tree attention: rows whose paths name entries written by other rows of the same call
+    (a child of a child, two children of one row, next to a plain row) get the logits and
+    keys/values of feeding the tokens one call at a time."""
+    path, _ = tiny(arch)
+    model = load_model(path)
+    paged = PagedTransformer(params=model.params, config=model.config)
+    prefix, _ = model.prefill([5, 6, 7])
+    entries, slots = 16, 6
+    step = jax.jit(paged.step, static_argnames="tree")
+    pool = paged.init_pool(entries)
+    # Stored history: entries 3 -> 9 (tokens 11, 12).
+    for depth, entry, token in ((0, 3, 11), (1, 9, 12)):
+        paths = jnp.asarray([[3, 0, 0, 0, 0, 0]], jnp.int32)
+        _, pool = step(prefix, pool, paths, jnp.asarray([depth], jnp.int32), jnp.asarray([token], jnp.int32), jnp.asarray([entry], jnp.int32))
+    base = [3, 9]
+    # One call: row 0 = 13 after the history (entry 4), row 1 = 14 after row 0 (entry 5), row 2 =
+    # 15 after row 1 (entry 6), row 3 = 16 after row 0 (entry 7), row 4 = 17 after the prompt.
+    rows = [(base, 13, 4), (base + [4], 14, 5), (base + [4, 5], 15, 6), (base + [4], 16, 7), ([], 17, 8)]
+    paths = np.zeros((len(rows), slots), np.int32)
+    for i, (p, _, _) in enumerate(rows):
+        paths[i, : len(p)] = p
+    args = (jnp.asarray(paths), jnp.asarray([len(p) for p, _, _ in rows], jnp.int32),
+            jnp.asarray([t for _, t, _ in rows], jnp.int32), jnp.asarray([w for _, _, w in rows], jnp.int32))
+    logits, tree_pool = step(prefix, pool, *args, tree=True)
+    # Reference: the same rows fed in dependency order, one call each.
+    ref_pool = pool
+    want = {}
+    for i in (0, 4, 1, 3, 2):
+        one = tuple(a[i : i + 1] for a in args)
+        out, ref_pool = step(prefix, ref_pool, *one)
+        want[i] = np.asarray(out[0])
+    for i in range(len(rows)):
+        np.testing.assert_allclose(np.asarray(logits[i]), want[i], atol=2e-5, rtol=1e-5)
+    np.testing.assert_allclose(np.asarray(tree_pool.k), np.asarray(ref_pool.k), atol=2e-5)
+    np.testing.assert_allclose(np.asarray(tree_pool.v), np.asarray(ref_pool.v), atol=2e-5)
+    # Without tree attention, row 1 would read stale pool data at entry 4: the logits differ.
+    stale, _ = step(prefix, pool, *args)
+    assert not np.allclose(np.asarray(stale[1]), want[1], atol=1e-3)
