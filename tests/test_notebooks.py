@@ -13,7 +13,10 @@ CELL_TIMEOUT_S = 1200
 @pytest.mark.slow
 @pytest.mark.real_model
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
-def test_notebook_runs(path, tmp_path):
+def test_notebook_runs(path, tmp_path, monkeypatch):
+    # The kernel inherits the environment: the notebooks run long programs (sampling, fitting),
+    # where XLA's optimizations pay for their compile time (conftest turns them off elsewhere).
+    monkeypatch.setenv("JAX_DISABLE_MOST_OPTIMIZATIONS", "0")
     notebook = nbformat.read(path, as_version=4)
     client = NotebookClient(notebook, timeout=CELL_TIMEOUT_S, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}})
     client.execute()

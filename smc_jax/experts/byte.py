@@ -73,6 +73,17 @@ class _Children(NamedTuple):
     score: Float[Array, "K F"]
 
 
+class _PrefetchPlan(NamedTuple):
+    """The optional rows of a call (`ByteExperts._plan_prefetch`): E candidates, then F children."""
+
+    parent: Int[Array, "K EF"]
+    token: Int[Array, "K EF"]
+    want: Bool[Array, "K EF"]  # valid and neither cached nor existing
+    link: Int[Array, "K EF"]  # the candidate a child of a context created now continues (else -1)
+    found: Int[Array, "K EF"]  # the cached or existing context (NO_CONTEXT where none)
+    valid: Bool[Array, "K EF"]
+
+
 class ByteExpertState(NamedTuple):
     beams: BeamState  # leaves [M, K, ...]
     stores: ContextStore  # stacked over the K experts
@@ -219,13 +230,41 @@ class ByteExperts(ModelExperts):
         if not (prefetch and self.cache_slots):
             stores, created = extend_group(*args)
             return stores, cache, jnp.moveaxis(created.reshape(k, m, r), 0, 1)
+        called = jnp.any(wanted)
+        # The searches matter only to a step that calls the model anyway: skipped otherwise.
+        plan = lambda: self._plan_prefetch(stores, cache, beams)
+        blank = lambda: jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), jax.eval_shape(plan))
+        p = jax.lax.cond(called, plan, blank)
+        e = self.prefetch_slots
+        stores, created, fetched = extend_group(*args, optional=(p.parent, p.token, p.want), grow=self.prefetch_rows,
+                                                link=p.link if self.prefetch_children else None)
+        context = jnp.where(p.found != NO_CONTEXT, p.found, fetched)
+        # A child of a context created now continues it: its parent is that context.
+        kid_parent = jnp.where(p.link[:, e:] >= 0, jnp.take_along_axis(context, jnp.maximum(p.link[:, e:], 0), axis=1),
+                               p.parent[:, e:])
+        entry_of = jax.vmap(ContextStore.entry_of)
+        new = PrefetchCache(
+            context=jnp.where(p.valid, context, NO_CONTEXT),
+            parent_entry=jnp.concatenate([entry_of(stores, p.parent[:, :e]), entry_of(stores, kid_parent)], 1),
+            token=p.token,
+            hits=cache.hits,
+            created=cache.created + jnp.sum(p.want & (fetched != NO_CONTEXT), axis=1).astype(jnp.int32),
+        )
+        cache = jax.tree.map(lambda x, y: jnp.where(called, x, y), new, cache)
+        return stores, cache, jnp.moveaxis(created.reshape(k, m, r), 0, 1)
+
+    def _plan_prefetch(self, stores: ContextStore, cache: PrefetchCache, beams: BeamState) -> _PrefetchPlan:
+        """The optional rows of a call: the `prefetch_slots` best candidates (heaviest first),
+        then the children (`_children`), each with its cached or existing context if any."""
+        k = stores.context_entry.shape[0]
+        flat = lambda x: jnp.moveaxis(x, 1, 0).reshape(k, -1)
         sources = jax.vmap(lambda table, beam: prefetch_sources(self.trie, table, beam), in_axes=(0, 1), out_axes=1)(
             stores.summary, beams)
         # Particles that share a history share hypotheses: look ahead from the U heaviest distinct ones.
         share = jax.vmap(_best_of_each)(flat(sources.context), flat(sources.node), flat(sources.share))
         share, pick = jax.lax.top_k(share, min(self.prefetch_sources, share.shape[1]))
         sources = PrefetchSources(jnp.take_along_axis(flat(sources.context), pick, axis=1),
-                                jnp.take_along_axis(flat(sources.node), pick, axis=1), share)
+                                  jnp.take_along_axis(flat(sources.node), pick, axis=1), share)
         cand = jax.vmap(lambda table, src: prefetch_candidates(self.trie, table, src, self.prefetch_depth, self.prefetch_width))(
             stores.summary, sources)  # [K, Q]
         e = self.prefetch_slots
@@ -245,25 +284,14 @@ class ByteExperts(ModelExperts):
         # (measured: more calls).
         k_found = self._lookup(stores, cache, kids.parent, kids.token, kids.valid & kids.exists)
         k_want = kids.valid & jnp.where(kids.exists, k_found == NO_CONTEXT, jnp.take_along_axis(missing, kids.source, axis=1))
-        want = jnp.concatenate([missing, k_want], 1)
-        link = jnp.concatenate([jnp.full_like(c_token, -1), jnp.where(kids.exists, -1, kids.source)], 1)
-        optional = (jnp.concatenate([c_parent, kids.parent], 1), jnp.concatenate([c_token, kids.token], 1), want)
-        stores, created, fetched = extend_group(*args, optional=optional, grow=self.prefetch_rows,
-                                                link=link if self.prefetch_children else None)
-        c_context = jnp.where(found != NO_CONTEXT, found, fetched[:, :e])
-        k_context = jnp.where(k_found != NO_CONTEXT, k_found, fetched[:, e:])
-        kid_parent = jnp.where(kids.exists, kids.parent, jnp.take_along_axis(c_context, kids.source, axis=1))
-        entry_of = lambda ctx: jax.vmap(lambda entries, c: entries[jnp.clip(c, 0, entries.shape[0] - 1)])(stores.context_entry, ctx)
-        new = PrefetchCache(
-            context=jnp.concatenate([c_context, jnp.where(kids.valid, k_context, NO_CONTEXT)], 1),
-            parent_entry=jnp.concatenate([entry_of(c_parent), entry_of(kid_parent)], 1),
+        return _PrefetchPlan(
+            parent=jnp.concatenate([c_parent, kids.parent], 1),
             token=jnp.concatenate([c_token, kids.token], 1),
-            hits=cache.hits,
-            created=cache.created + jnp.sum(want & (fetched != NO_CONTEXT), axis=1).astype(jnp.int32),
+            want=jnp.concatenate([missing, k_want], 1),
+            link=jnp.concatenate([jnp.full_like(c_token, -1), jnp.where(kids.exists, -1, kids.source)], 1),
+            found=jnp.concatenate([found, k_found], 1),
+            valid=jnp.concatenate([c_valid, kids.valid], 1),
         )
-        called = jnp.any(wanted)
-        cache = jax.tree.map(lambda x, y: jnp.where(called, x, y), new, cache)
-        return stores, cache, jnp.moveaxis(created.reshape(k, m, r), 0, 1)
 
     def _children(
         self, stores: ContextStore, parent: Int[Array, "K E"], token: Int[Array, "K E"], score: Float[Array, "K E"],
@@ -297,13 +325,13 @@ class ByteExperts(ModelExperts):
     ) -> Int[Array, "K R"]:
         """The cached context parent + token of each masked request (NO_CONTEXT where none)."""
 
-        def one(entries, c_context, c_parent, c_token, p, t, w):
-            entry = entries[jnp.clip(p, 0, entries.shape[0] - 1)]
+        def one(entry, c_context, c_parent, c_token, p, t, w):
             match = (c_context != NO_CONTEXT)[None] & (c_parent[None] == entry[:, None]) & (c_token[None] == t[:, None])
             match = match & (w & (p != NO_CONTEXT))[:, None]
             return jnp.where(jnp.any(match, axis=1), c_context[jnp.argmax(match, axis=1)], NO_CONTEXT)
 
-        return jax.vmap(one)(stores.context_entry, cache.context, cache.parent_entry, cache.token, parent, token, mask)
+        entry = jax.vmap(ContextStore.entry_of)(stores, parent)
+        return jax.vmap(one)(entry, cache.context, cache.parent_entry, cache.token, parent, token, mask)
 
     def _resolve(self, state: ByteExpertState, active: Bool[Array, "M K"]) -> ByteExpertState:
         """Records in ext_context the extensions of the active beams found in the prefetch cache."""

@@ -93,6 +93,10 @@ class ContextStore:
     def max_tokens(self) -> int:
         return self.path.shape[1]
 
+    def entry_of(self, contexts: Int[Array, "..."]) -> Int[Array, "..."]:
+        """The pool entry each context ends at (PROMPT_ENTRY for the prompt; ids clipped into range)."""
+        return self.context_entry[jnp.clip(contexts, 0, self.num_contexts - 1)]
+
 
 def init_store(
     model: PagedModel, prompt_summary: PyTree, num_entries: int, num_contexts: int, max_tokens: int
@@ -118,7 +122,7 @@ def init_store(
 
 def context_tokens_path(store: ContextStore, contexts: Int[Array, "C"]) -> tuple[Int[Array, "C S"], Int[Array, "C"]]:
     """The entry path and its length for each context (empty for the prompt context)."""
-    entry = store.context_entry[jnp.clip(contexts, 0, store.num_contexts - 1)]
+    entry = store.entry_of(contexts)
     is_prompt = entry == PROMPT_ENTRY
     safe = jnp.clip(entry, 0, store.num_entries - 1)
     paths = jnp.where(is_prompt[:, None], 0, store.path[safe])
@@ -203,9 +207,9 @@ def extend_contexts(
         row = jnp.clip(parent_row, 0, u - 1)
         paths = jnp.where(in_call[:, None], extended(paths, depth)[row], paths)
         depth = jnp.where(in_call, depth[row] + 1, depth)
-        full = depth >= store.max_tokens
-        ok = jnp.where(in_call, ok[row] & valid & ~full, ok)
-        overflow = overflow | jnp.any(in_call & ok & ((new_entry >= n) | (new_ctx >= t)))
+        # Rows in the tree are optional: one whose path would be full is dropped, not an overflow
+        # (no continuation has more tokens than max_tokens); their room was checked above.
+        ok = jnp.where(in_call, ok[row] & valid & (depth < store.max_tokens), ok)
     write_entry = jnp.where(ok, new_entry, n)
     write_ctx = jnp.where(ok, new_ctx, t)
 
