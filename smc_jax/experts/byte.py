@@ -231,21 +231,19 @@ class ByteExperts(ModelExperts):
             stores, created = extend_group(*args)
             return stores, cache, jnp.moveaxis(created.reshape(k, m, r), 0, 1)
         called = jnp.any(wanted)
-        # The searches matter only to a step that calls the model anyway: skipped otherwise.
+        # The searches matter only to a step that calls the model anyway: skipped otherwise (a
+        # plain cond: its outputs are small [K, E + F] arrays, so no pool is copied).
         plan = lambda: self._plan_prefetch(stores, cache, beams)
         blank = lambda: jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), jax.eval_shape(plan))
         p = jax.lax.cond(called, plan, blank)
-        e = self.prefetch_slots
         stores, created, fetched = extend_group(*args, optional=(p.parent, p.token, p.want), grow=self.prefetch_rows,
                                                 link=p.link if self.prefetch_children else None)
         context = jnp.where(p.found != NO_CONTEXT, p.found, fetched)
         # A child of a context created now continues it: its parent is that context.
-        kid_parent = jnp.where(p.link[:, e:] >= 0, jnp.take_along_axis(context, jnp.maximum(p.link[:, e:], 0), axis=1),
-                               p.parent[:, e:])
-        entry_of = jax.vmap(ContextStore.entry_of)
+        parent = jnp.where(p.link >= 0, jnp.take_along_axis(context, jnp.maximum(p.link, 0), axis=1), p.parent)
         new = PrefetchCache(
             context=jnp.where(p.valid, context, NO_CONTEXT),
-            parent_entry=jnp.concatenate([entry_of(stores, p.parent[:, :e]), entry_of(stores, kid_parent)], 1),
+            parent_entry=jax.vmap(ContextStore.entry_of)(stores, parent),
             token=p.token,
             hits=cache.hits,
             created=cache.created + jnp.sum(p.want & (fetched != NO_CONTEXT), axis=1).astype(jnp.int32),
