@@ -37,6 +37,13 @@ and, separately jitted on the same shapes, each of its parts:
   (the masked log-softmax) from the f32 model's, over all allowed tokens and over those with
   f32 log-prob above -10.
 
+* f (`--ops`): the forward's XLA operations, timed from a profiler trace (XLA:CPU's per-thunk
+  TraceMe events, `--xla_cpu_enable_xprof_traceme`): milliseconds per call of each operation and
+  of four kinds: the per-layer slices a `lax.scan` over stacked weights copies out of them
+  (`dynamic_index_in_dim`), the weight matmuls (einsums named in the metadata), the KV-pool
+  gathers, and everything else (attention's own dots, norms, RoPE, softmax). Thunks run
+  concurrently on the CPU's threads, so the kinds can add up to more than the forward's wall time.
+
 Every part is compiled ahead of time (compile seconds reported separately, never timed), run
 once as warm-up, then timed `repeats` times with `jax.block_until_ready`: the median and
 min/max in milliseconds. The parts are separate programs, so they need not add up to the call
@@ -45,15 +52,21 @@ average is recorded before and after each model (the timings mean little under l
 
 Run: python -m benchmarks.bench_call_profile [--models smollm2-135m-instruct gemma3-270m]
      [--rows 5 10] [--repeats 20] [--experts 1] [--variants bf16_upcast int8_upcast bf16 unrolled]
-     [--name bench_call_profile]
+     [--ops] [--name bench_call_profile]
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import functools
+import glob
+import gzip
+import json
 import os
+import re
 import statistics
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -64,7 +77,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from benchmarks.common import save
+from benchmarks.common import markdown_table, save
 from smc_jax.bytes.beam import BeamConfig, summarize_logits
 from smc_jax.bytes.sumtree import SumTree, build_sum_tree
 from smc_jax.bytes.trie import ROOT, TokenTrie, next_byte_logmass
@@ -90,6 +103,10 @@ VARIANTS = ("bf16_upcast", "int8_upcast", "bf16", "unrolled")
 TOP_LOGP = -10.0
 COLUMNS = ["model", "rows", "part", "kind", "median_ms", "min_ms", "max_ms", "pct_of_call", "compile_s",
            "max_abs_dlogp", "max_abs_dlogp_top"]
+OP_COLUMNS = ["model", "rows", "op_kind", "ms_per_call", "pct_of_forward_wall", "ops", "largest"]
+TRACEME_FLAG = "--xla_cpu_enable_xprof_traceme=true"
+#: Operations that only contain others (their time is their children's).
+_CONTAINERS = ("while", "call", "conditional", "tuple", "get-tuple-element", "parameter", "constant", "bitcast")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -235,11 +252,11 @@ def _quantize(w, axis: int):
 
 
 def quantize_int8(params) -> dict[str, tuple[jax.Array, jax.Array | None]]:
-    """Symmetric int8 per output channel for the matrices (kernels [.., in, out]: one scale per
-    column; embed / lm_head [V, D]: one per row), the rest (norms, biases) kept as is."""
+    """Symmetric int8 per output channel for the matrices (kernels [.., out, in] and embed /
+    lm_head [V, D]: one scale per row), the rest (norms, biases) kept as is."""
     out = {}
     for path, w in flatten(params).items():
-        axis = -2 if path.endswith("kernel") else -1 if path in ("embed", "lm_head") else None
+        axis = -1 if path.endswith("kernel") or path in ("embed", "lm_head") else None
         out[path] = (w, None) if axis is None or w.ndim < 2 else _quantize(w, axis)
     return out
 
@@ -288,6 +305,84 @@ def compile_and_time(fn: Callable, args: tuple, repeats: int, donate: int | None
     ms = [1e3 * t for t in times]
     return {"median_ms": statistics.median(ms), "min_ms": min(ms), "max_ms": max(ms), "compile_s": compile_s,
             "times_ms": [round(t, 3) for t in ms]}, out
+
+
+_HLO_LINE = re.compile(r"^\s*(?:ROOT\s+)?%([^\s=]+) = (\S+)\s+([\w-]+)\(")
+
+
+def hlo_ops(hlo_text: str) -> dict[str, dict[str, str]]:
+    """Instruction name -> its shape, opcode and metadata op_name, from a compiled module's text."""
+    ops = {}
+    for line in hlo_text.splitlines():
+        m = _HLO_LINE.match(line)
+        if m:
+            op_name = re.search(r'op_name="([^"]*)"', line)
+            ops[m.group(1)] = {"shape": m.group(2).split("{")[0], "opcode": m.group(3),
+                               "op_name": op_name.group(1) if op_name else ""}
+    return ops
+
+
+def op_kind(op: dict[str, str]) -> str:
+    """One of four kinds, from the op's metadata (see the module docstring, part f)."""
+    name = op["op_name"]
+    if "dynamic_index_in_dim" in name:
+        return "per-layer slices of stacked arrays (lax.scan)"
+    if "dot_general" in name and "->" in name:
+        return "weight matmuls (named einsums, LM head)"
+    if "gather" in name:
+        return "KV-pool gathers"
+    return "other (attention dots, norms, RoPE, softmax, ...)"
+
+
+def trace_ops(fn: Callable, args: tuple, repeats: int) -> tuple[dict[str, float], dict[str, dict[str, str]], float]:
+    """Runs fn(*args) `repeats` times under the profiler. Returns milliseconds per call of each
+    XLA operation (its TraceMe events), the module's ops, and the median wall milliseconds."""
+    compiled = jax.jit(fn).lower(*args).compile()
+    ops = hlo_ops(compiled.as_text())
+    for _ in range(2):
+        jax.block_until_ready(compiled(*args))
+    walls = []
+    with tempfile.TemporaryDirectory() as directory:
+        with jax.profiler.trace(directory, create_perfetto_trace=True):
+            for _ in range(repeats):
+                start = time.perf_counter()
+                jax.block_until_ready(compiled(*args))
+                walls.append(1e3 * (time.perf_counter() - start))
+        files = glob.glob(os.path.join(directory, "**", "*.trace.json.gz"), recursive=True)
+        if not files:
+            raise RuntimeError("the profiler wrote no perfetto trace")
+        with gzip.open(files[0]) as f:
+            trace = json.load(f)
+    events = trace["traceEvents"] if isinstance(trace, dict) else trace
+    per_op: dict[str, float] = collections.Counter()
+    for e in events:
+        name = e.get("name", "")
+        if e.get("ph") == "X" and name in ops and ops[name]["opcode"] not in _CONTAINERS:
+            per_op[name] += e.get("dur", 0) / 1e3 / repeats
+    if not per_op:
+        raise RuntimeError(f"no per-operation events in the trace: set XLA_FLAGS={TRACEME_FLAG} before JAX starts")
+    return dict(per_op), ops, statistics.median(walls)
+
+
+def op_rows(experts: ByteExperts, model_name: str, rows: int, repeats: int,
+            num_particles: int = NUM_PARTICLES) -> list[dict[str, Any]]:
+    """Part f: the forward's operations by kind, milliseconds per call."""
+    inputs = call_inputs(experts, num_particles, rows)
+    stores = inputs["stores"]
+    paths, depth = jax.jit(jax.vmap(context_tokens_path))(stores, inputs["parent"][:, :rows])
+    per_op, ops, wall = trace_ops(forward, (experts.model, experts.prefixes, stores.pool, paths, depth,
+                                            inputs["token"][:, :rows]), repeats)
+    kinds: dict[str, list[str]] = collections.defaultdict(list)
+    for name in sorted(per_op, key=per_op.get, reverse=True):
+        kinds[op_kind(ops[name])].append(name)
+    table = [{"model": model_name, "rows": rows, "op_kind": "forward (wall, median)", "ms_per_call": wall,
+              "pct_of_forward_wall": 100.0, "ops": "", "largest": ""}]
+    for kind, names in sorted(kinds.items(), key=lambda kv: -sum(per_op[n] for n in kv[1])):
+        top = names[0]
+        table.append({"model": model_name, "rows": rows, "op_kind": kind, "ms_per_call": sum(per_op[n] for n in names),
+                      "pct_of_forward_wall": 100.0 * sum(per_op[n] for n in names) / wall, "ops": len(names),
+                      "largest": f"{top} {ops[top]['shape']} {per_op[top]:.2f} ms"})
+    return table
 
 
 def _copy(tree):
@@ -429,6 +524,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                         help="K prompts of the model in one call (2: SmolLM2 x 2 prompts)")
     parser.add_argument("--variants", nargs="*", choices=VARIANTS, default=list(VARIANTS),
                         help="weight formats of the forward (e); none: skip")
+    parser.add_argument("--ops", action="store_true",
+                        help="also part f: the forward's XLA operations by kind, from a profiler trace")
     parser.add_argument("--name", default="bench_call_profile")
     args = parser.parse_args(argv)
     if args.repeats < 1 or args.experts < 1 or min(args.rows) < 1:
@@ -438,15 +535,20 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
+    if args.ops and TRACEME_FLAG not in os.environ.get("XLA_FLAGS", ""):
+        # Read when the CPU backend starts (the first array below), not at import.
+        os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + TRACEME_FLAG).strip()
     from smc_jax import load_model
 
     load: dict[str, Any] = {"before": os.getloadavg()}
-    rows = []
+    rows, ops = [], []
     for name in args.models:
         model = load_model(name)
         experts = byte_experts(model, [PROMPT] * args.experts)
         for r in args.rows:
             rows += profile(experts, name, r, args.repeats, variants=args.variants)
+            if args.ops:
+                ops += op_rows(experts, name, r, args.repeats)
         load[f"after_{name}"] = os.getloadavg()
         del model, experts
     notes = (
@@ -458,10 +560,15 @@ def main(argv: Sequence[str] | None = None) -> None:
         "max_abs_dlogp: largest |log-prob difference| from the f32 model over allowed tokens (top: those with "
         f"f32 log-prob > {TOP_LOGP}). Load average before/after in the settings: timings under load are rough."
     )
+    appendix = ""
+    if ops:
+        appendix = ("## f: the forward's XLA operations by kind (profiler trace; milliseconds per call)\n\n"
+                    "Summed thunk times: thunks run concurrently on the CPU's threads, so the kinds can add up to "
+                    "more than the wall time.\n\n" + markdown_table(ops, OP_COLUMNS))
     table = save(args.name, rows, COLUMNS, {"repeats": args.repeats, "rows": args.rows, "experts": args.experts,
                                             "num_particles": NUM_PARTICLES, "variants": args.variants,
-                                            "load_average": load}, notes)
-    print(table)
+                                            "ops": args.ops, "load_average": load}, notes, appendix=appendix)
+    print(table + ("\n\n" + appendix if appendix else ""))
 
 
 if __name__ == "__main__":

@@ -17,12 +17,30 @@ from typing import Any
 RESULTS = Path(__file__).parent / "results"
 
 
+#: The vector extensions that change what XLA:CPU and torch generate for matmuls.
+_ISA_FLAGS = ("avx", "avx2", "fma", "avx512f", "avx512_bf16", "avx512_vnni", "amx_tile")
+
+
+def cpu_model() -> dict[str, Any]:
+    """The CPU's model name and vector extensions (Linux /proc/cpuinfo; empty elsewhere): the
+    same script's timings have differed 2-5x between hosts of one cloud machine type."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return {}
+    fields = dict(line.split(":", 1) for line in text.splitlines() if ":" in line)
+    fields = {k.strip(): v.strip() for k, v in fields.items()}
+    flags = set(fields.get("flags", "").split())
+    return {"cpu_model": fields.get("model name", ""), "isa": [f for f in _ISA_FLAGS if f in flags]}
+
+
 def machine() -> dict[str, Any]:
     import jax
 
     return {
         "platform": platform.platform(),
         "processor": platform.processor() or platform.machine(),
+        **cpu_model(),
         "cpu_count": os.cpu_count(),
         "jax": jax.__version__,
         "devices": [str(d) for d in jax.devices()],

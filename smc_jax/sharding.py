@@ -60,16 +60,16 @@ MODEL = "model"
 ParamRules = tuple[tuple[str, P], ...]
 
 REPLICATED: ParamRules = ((r".*", P()),)
-#: A Megatron-style split of the transformer, q/k/v and gate/up by output columns (attention
-#: heads, MLP hidden units), o and down by input rows, so each layer needs one all-reduce after
-#: attention and one after the MLP; the KV pool by KV heads, so each device stores and reads the
+#: A Megatron-style split of the transformer ([out, in] kernels): q/k/v and gate/up by output
+#: rows (attention heads, MLP hidden units), o and down by input columns, so each layer needs
+#: one all-reduce after attention and one after the MLP; the KV pool by KV heads, so each device stores and reads the
 #: keys/values of its own heads. Embeddings and norms replicated. Needs a model axis dividing
 #: the number of KV heads and the MLP width.
 TENSOR_PARALLEL: ParamRules = (
     (r"pool/(k|v)", P(MODEL, None)),
-    (r"layers/(\d+/)?(q|k|v|gate|up)/kernel", P(None, MODEL)),
+    (r"layers/(\d+/)?(q|k|v|gate|up)/kernel", P(MODEL, None)),
     (r"layers/(\d+/)?(q|k|v|gate|up)/bias", P(MODEL)),
-    (r"layers/(\d+/)?(o|down)/kernel", P(MODEL, None)),
+    (r"layers/(\d+/)?(o|down)/kernel", P(None, MODEL)),
     (r"layers/(\d+/)?(o|down)/bias", P()),
     (r"layers/(\d+/)?\w+_norm/(scale|bias)", P()),
     (r"final_norm/(scale|bias)", P()),

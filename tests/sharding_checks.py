@@ -214,8 +214,8 @@ def check_tensor_parallel(smc: SMC, experts, ensemble, mesh, seed: int) -> None:
     assert_split(sharded, mesh)
     _, (_, experts_sharding, _) = sharded_runner(smc, key, experts, ensemble, mesh, rules="tensor_parallel")
     params = experts_sharding.model.params
-    assert params["layers"]["q"]["kernel"].spec == P(None, None, "model"), params["layers"]["q"]["kernel"]
-    assert params["layers"]["down"]["kernel"].spec == P(None, "model", None), params["layers"]["down"]["kernel"]
+    assert params["layers"]["q"]["kernel"].spec == P(None, "model", None), params["layers"]["q"]["kernel"]
+    assert params["layers"]["down"]["kernel"].spec == P(None, None, "model"), params["layers"]["down"]["kernel"]
     assert params["embed"].is_fully_replicated, params["embed"]
     # The KV pool [K, layers, entries, kv_heads, head_dim] keeps each device's heads.
     assert sharded.expert_state.stores.pool.k.sharding.spec == P(None, None, None, "model", None)

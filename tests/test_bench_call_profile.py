@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -94,3 +100,37 @@ def test_cli_defaults_and_options():
     with pytest.raises(SystemExit):
         bcp.parse_args(["--repeats", "0"])
 
+
+
+def test_op_kinds_name_the_scans_weight_slices_and_matmuls():
+    """Part f's classification on the tiny model's compiled forward (no trace needed): the
+    `lax.scan` over stacked layers slices each weight out, and the einsums are named."""
+    experts = tiny_experts()
+    inputs = bcp.call_inputs(experts, 4, 3)
+    paths, depth = jax.jit(jax.vmap(bcp.context_tokens_path))(inputs["stores"], inputs["parent"][:, :3])
+    args = (experts.model, experts.prefixes, inputs["stores"].pool, paths, depth, inputs["token"][:, :3])
+    ops = bcp.hlo_ops(jax.jit(bcp.forward).lower(*args).compile().as_text())
+    kinds = {bcp.op_kind(op) for op in ops.values() if op["opcode"] not in bcp._CONTAINERS}
+    assert "per-layer slices of stacked arrays (lax.scan)" in kinds
+    assert "weight matmuls (named einsums, LM head)" in kinds
+
+
+def test_ops_profile_in_a_process_with_traceme(tmp_path):
+    """`--ops` end to end on the tiny model: the flag must be set before JAX starts, hence a
+    subprocess; every kind's milliseconds are positive and the forward's wall time is recorded."""
+    code = (
+        "import json, os\n"
+        f"os.environ['XLA_FLAGS'] = {bcp.TRACEME_FLAG!r}\n"
+        "from tests.test_bench_call_profile import tiny_experts\n"
+        "from benchmarks import bench_call_profile as bcp\n"
+        "print(json.dumps(bcp.op_rows(tiny_experts(), 'tiny', rows=3, repeats=2, num_particles=4)))\n"
+    )
+    root = Path(__file__).resolve().parent.parent
+    proc = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "JAX_PLATFORMS": "cpu"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert rows[0]["op_kind"] == "forward (wall, median)" and rows[0]["ms_per_call"] > 0
+    kinds = {r["op_kind"]: r for r in rows[1:]}
+    assert "per-layer slices of stacked arrays (lax.scan)" in kinds and "weight matmuls (named einsums, LM head)" in kinds
+    assert all(r["ms_per_call"] > 0 and r["ops"] >= 1 for r in rows[1:])

@@ -119,11 +119,11 @@ def test_tensor_parallel_rules_split_heads_and_mlp_units():
     mesh = AbstractMesh((1, 2), ("particles", "model"))
     specs = param_specs(abstract_params(), mesh, "tensor_parallel")
     layers = specs["layers"]
-    assert layers["q"]["kernel"] == P(None, None, "model")  # [layers, D, H hd]: heads
-    assert layers["k"]["kernel"] == P(None, None, "model")
-    assert layers["o"]["kernel"] == P(None, "model", None)  # [layers, H hd, D]
-    assert layers["gate"]["kernel"] == layers["up"]["kernel"] == P(None, None, "model")
-    assert layers["down"]["kernel"] == P(None, "model", None)
+    assert layers["q"]["kernel"] == P(None, "model", None)  # [layers, H hd, D]: heads
+    assert layers["k"]["kernel"] == P(None, "model", None)
+    assert layers["o"]["kernel"] == P(None, None, "model")  # [layers, D, H hd]
+    assert layers["gate"]["kernel"] == layers["up"]["kernel"] == P(None, "model", None)
+    assert layers["down"]["kernel"] == P(None, None, "model")
     assert layers["attn_norm"]["scale"] == P(None, None)
     assert specs["embed"] == P(None, None)
     replicated = param_specs(abstract_params(), mesh)
@@ -141,7 +141,7 @@ def test_rule_errors_name_the_problem():
     with pytest.raises(ValueError, match="names the axis 'heads'"):
         param_specs(abstract_params(), mesh, ((r".*kernel", P(None, "heads")), (r".*", P())))
     odd = AbstractMesh((1, 3), ("particles", "model"))
-    with pytest.raises(ValueError, match=r"'layers/k/kernel' \(2, 8, 4\): a dimension of 4 cannot be split over the 3"):
+    with pytest.raises(ValueError, match=r"'layers/k/kernel' \(2, 4, 8\): a dimension of 4 cannot be split over the 3"):
         param_specs(abstract_params(), odd, "tensor_parallel")
 
 

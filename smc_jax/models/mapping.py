@@ -48,18 +48,18 @@ class Rule:
 
 
 # ---------------------------------------------------------------------------------------------
-# Transforms. HF nn.Linear stores [out, in]; our kernels are [in, out] (x @ W).
+# Transforms. Our kernels are [out, in] (y = x W^T), as HF nn.Linear and GGUF store them.
 
 
 def _transpose(w: np.ndarray, c: ModelConfig) -> tuple[np.ndarray, ...]:
-    """[out, in] -> kernel [in, out]."""
+    """GPT-2 Conv1D weight [in, out] -> kernel [out, in]."""
     return (w.T,)
 
 
 def _split_qkv(w: np.ndarray, c: ModelConfig) -> tuple[np.ndarray, ...]:
-    """Fused [(H + 2K) * hd, D] (Phi-3 qkv_proj, GGUF attn_qkv) -> q, k, v kernels [D, *]."""
+    """Fused [(H + 2K) * hd, D] (Phi-3 qkv_proj, GGUF attn_qkv) -> q, k, v kernels [*, D]."""
     q_rows, kv_rows = _q_rows(c), _kv_rows(c)
-    return tuple(part.T for part in np.split(w, [q_rows, q_rows + kv_rows], axis=0))
+    return tuple(np.split(w, [q_rows, q_rows + kv_rows], axis=0))
 
 
 def _split_qkv_bias(b: np.ndarray, c: ModelConfig) -> tuple[np.ndarray, ...]:
@@ -68,14 +68,13 @@ def _split_qkv_bias(b: np.ndarray, c: ModelConfig) -> tuple[np.ndarray, ...]:
 
 
 def _split_gate_up(w: np.ndarray, c: ModelConfig) -> tuple[np.ndarray, ...]:
-    """Fused [2F, D] (Phi-3 gate_up_proj: gate rows first) -> gate, up kernels [D, F]."""
-    gate, up = np.split(w, 2, axis=0)
-    return gate.T, up.T
+    """Fused [2F, D] (Phi-3 gate_up_proj: gate rows first) -> gate, up kernels [F, D]."""
+    return tuple(np.split(w, 2, axis=0))
 
 
 def _split_columns(x: np.ndarray, c: ModelConfig) -> tuple[np.ndarray, ...]:
-    """GPT-2 Conv1D c_attn, already [in, out]: [D, 3D] -> q, k, v kernels (or biases [3D])."""
-    return tuple(np.split(x, 3, axis=-1))
+    """GPT-2 Conv1D c_attn [in, out] = [D, 3D] -> q, k, v kernels [D, D] (or biases [3D] -> [D])."""
+    return tuple(part.T if part.ndim == 2 else part for part in np.split(x, 3, axis=-1))
 
 
 def unpermute_llama_rows(w: np.ndarray, heads: int) -> np.ndarray:
@@ -88,11 +87,10 @@ def unpermute_llama_rows(w: np.ndarray, heads: int) -> np.ndarray:
 
 
 def _gguf_llama_qk(heads: Callable[[ModelConfig], int]) -> Transform:
-    """llama.cpp Q/K weight [rows, D] or bias [rows]: unpermute, then weights to [D, rows]."""
+    """llama.cpp Q/K weight [rows, D] or bias [rows]: unpermute the rows."""
 
     def transform(w: np.ndarray, c: ModelConfig) -> tuple[np.ndarray, ...]:
-        w = unpermute_llama_rows(w, heads(c))
-        return (w.T,) if w.ndim == 2 else (w,)
+        return (unpermute_llama_rows(w, heads(c)),)
 
     return transform
 
@@ -138,8 +136,8 @@ def _hf_decoder_rules(prefix: str, config: ModelConfig) -> list[Rule]:
     rules = [
         Rule(f"{prefix}embed_tokens\\.weight", ("embed",), lambda c: (c.vocab_size, c.hidden_size)),
         Rule(f"{prefix}norm\\.weight", ("final_norm/scale",), _d),
-        Rule(layer + r"self_attn\.o_proj\.weight", ("layers/o/kernel",), lambda c: (c.hidden_size, _q_rows(c)), _transpose),
-        Rule(layer + r"mlp\.down_proj\.weight", ("layers/down/kernel",), lambda c: (c.hidden_size, c.intermediate_size), _transpose),
+        Rule(layer + r"self_attn\.o_proj\.weight", ("layers/o/kernel",), lambda c: (c.hidden_size, _q_rows(c))),
+        Rule(layer + r"mlp\.down_proj\.weight", ("layers/down/kernel",), lambda c: (c.hidden_size, c.intermediate_size)),
         Rule(r"(?:model\.)?rotary_emb\.inv_freq|" + layer + r"self_attn\.rotary_emb\.inv_freq", ()),
     ]
     head = "lm_head.weight"
@@ -157,13 +155,13 @@ def _hf_decoder_rules(prefix: str, config: ModelConfig) -> list[Rule]:
     else:
         for name, rows in (("q", _q_rows), ("k", _kv_rows), ("v", _kv_rows)):
             rules.append(Rule(layer + f"self_attn\\.{name}_proj\\.weight", (f"layers/{name}/kernel",),
-                              lambda c, rows=rows: (rows(c), c.hidden_size), _transpose))
+                              lambda c, rows=rows: (rows(c), c.hidden_size)))
             rules.append(Rule(layer + f"self_attn\\.{name}_proj\\.bias", (f"layers/{name}/bias",),
                               lambda c, rows=rows: (rows(c),)))
         rules.append(Rule(layer + r"self_attn\.o_proj\.bias", ("layers/o/bias",), _d))
         for name in ("gate", "up"):
             rules.append(Rule(layer + f"mlp\\.{name}_proj\\.weight", (f"layers/{name}/kernel",),
-                              lambda c: (c.intermediate_size, c.hidden_size), _transpose))
+                              lambda c: (c.intermediate_size, c.hidden_size)))
             rules.append(Rule(layer + f"mlp\\.{name}_proj\\.bias", (f"layers/{name}/bias",),
                               lambda c: (c.intermediate_size,)))
         rules.append(Rule(layer + r"mlp\.down_proj\.bias", ("layers/down/bias",), _d))
@@ -215,11 +213,12 @@ def _hf_gpt2_rules(config: ModelConfig) -> list[Rule]:
              lambda c: (c.hidden_size, 3 * c.hidden_size), _split_columns),
         Rule(layer + r"attn\.c_attn\.bias", ("layers/q/bias", "layers/k/bias", "layers/v/bias"),
              lambda c: (3 * c.hidden_size,), _split_columns),
-        Rule(layer + r"attn\.c_proj\.weight", ("layers/o/kernel",), lambda c: (c.hidden_size, c.hidden_size)),
+        Rule(layer + r"attn\.c_proj\.weight", ("layers/o/kernel",), lambda c: (c.hidden_size, c.hidden_size), _transpose),
         Rule(layer + r"attn\.c_proj\.bias", ("layers/o/bias",), _d),
-        Rule(layer + r"mlp\.c_fc\.weight", ("layers/up/kernel",), lambda c: (c.hidden_size, c.intermediate_size)),
+        Rule(layer + r"mlp\.c_fc\.weight", ("layers/up/kernel",), lambda c: (c.hidden_size, c.intermediate_size), _transpose),
         Rule(layer + r"mlp\.c_fc\.bias", ("layers/up/bias",), lambda c: (c.intermediate_size,)),
-        Rule(layer + r"mlp\.c_proj\.weight", ("layers/down/kernel",), lambda c: (c.intermediate_size, c.hidden_size)),
+        Rule(layer + r"mlp\.c_proj\.weight", ("layers/down/kernel",), lambda c: (c.intermediate_size, c.hidden_size),
+             _transpose),
         Rule(layer + r"mlp\.c_proj\.bias", ("layers/down/bias",), _d),
         # Old checkpoints store the causal-mask buffers.
         Rule(layer + r"attn\.(?:masked_)?bias", ()),
@@ -263,7 +262,7 @@ def gguf_table(config: ModelConfig) -> list[Rule]:
     rules = [
         Rule(r"token_embd\.weight", ("embed",), lambda c: (c.vocab_size, c.hidden_size)),
         Rule(r"output_norm\.weight", ("final_norm/scale",), _d, norm_transform),
-        Rule(blk + r"ffn_down\.weight", ("layers/down/kernel",), lambda c: (c.hidden_size, c.intermediate_size), _transpose),
+        Rule(blk + r"ffn_down\.weight", ("layers/down/kernel",), lambda c: (c.hidden_size, c.intermediate_size)),
         Rule(r"rope_freqs\.weight", ()),  # read into config.rope.freq_factors by the loader
         Rule(r"rope_factors_(?:long|short)\.weight", ()),  # read into config.rope (LongRoPE) likewise
     ]
@@ -284,14 +283,14 @@ def gguf_table(config: ModelConfig) -> list[Rule]:
                  lambda c: (3 * c.hidden_size, c.hidden_size), _split_qkv),
             Rule(blk + r"attn_qkv\.bias", ("layers/q/bias", "layers/k/bias", "layers/v/bias"),
                  lambda c: (3 * c.hidden_size,), _split_qkv_bias),
-            Rule(blk + r"attn_output\.weight", ("layers/o/kernel",), lambda c: (c.hidden_size, c.hidden_size), _transpose),
+            Rule(blk + r"attn_output\.weight", ("layers/o/kernel",), lambda c: (c.hidden_size, c.hidden_size)),
             Rule(blk + r"attn_output\.bias", ("layers/o/bias",), _d),
-            Rule(blk + r"ffn_up\.weight", ("layers/up/kernel",), lambda c: (c.intermediate_size, c.hidden_size), _transpose),
+            Rule(blk + r"ffn_up\.weight", ("layers/up/kernel",), lambda c: (c.intermediate_size, c.hidden_size)),
             Rule(blk + r"ffn_up\.bias", ("layers/up/bias",), lambda c: (c.intermediate_size,)),
             Rule(blk + r"ffn_down\.bias", ("layers/down/bias",), _d),
         ]
         return rules
-    rules.append(Rule(blk + r"attn_output\.weight", ("layers/o/kernel",), lambda c: (c.hidden_size, _q_rows(c)), _transpose))
+    rules.append(Rule(blk + r"attn_output\.weight", ("layers/o/kernel",), lambda c: (c.hidden_size, _q_rows(c))))
     if arch == "phi3":
         rules += [
             Rule(blk + r"attn_qkv\.weight", ("layers/q/kernel", "layers/k/kernel", "layers/v/kernel"),
@@ -303,14 +302,14 @@ def gguf_table(config: ModelConfig) -> list[Rule]:
         return rules
     permute = arch == "llama"  # llama.cpp permutes Q/K rows for the llama architecture only
     for name, heads, rows in (("q", _h, _q_rows), ("k", _kv, _kv_rows), ("v", _kv, _kv_rows)):
-        weight = _gguf_llama_qk(heads) if permute and name != "v" else _transpose
-        bias = _gguf_llama_qk(heads) if permute and name != "v" else _identity
+        rows_transform = _gguf_llama_qk(heads) if permute and name != "v" else _identity
         rules.append(Rule(blk + f"attn_{name}\\.weight", (f"layers/{name}/kernel",),
-                          lambda c, rows=rows: (rows(c), c.hidden_size), weight))
-        rules.append(Rule(blk + f"attn_{name}\\.bias", (f"layers/{name}/bias",), lambda c, rows=rows: (rows(c),), bias))
+                          lambda c, rows=rows: (rows(c), c.hidden_size), rows_transform))
+        rules.append(Rule(blk + f"attn_{name}\\.bias", (f"layers/{name}/bias",), lambda c, rows=rows: (rows(c),),
+                          rows_transform))
     rules += [
-        Rule(blk + r"ffn_gate\.weight", ("layers/gate/kernel",), lambda c: (c.intermediate_size, c.hidden_size), _transpose),
-        Rule(blk + r"ffn_up\.weight", ("layers/up/kernel",), lambda c: (c.intermediate_size, c.hidden_size), _transpose),
+        Rule(blk + r"ffn_gate\.weight", ("layers/gate/kernel",), lambda c: (c.intermediate_size, c.hidden_size)),
+        Rule(blk + r"ffn_up\.weight", ("layers/up/kernel",), lambda c: (c.intermediate_size, c.hidden_size)),
     ]
     if config.pre_norms:  # the MLP's input norm
         rules.append(Rule(blk + r"ffn_norm\.weight", ("layers/mlp_norm/scale",), _d, norm_transform))

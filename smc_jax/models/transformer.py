@@ -158,9 +158,9 @@ def _attend(
 
 def _mlp(x: Float[Array, "rows tokens d"], lp: Params, config: ModelConfig) -> Float[Array, "rows tokens d"]:
     act = _ACTIVATIONS[config.activation]
-    up = _dense(x, lp["up"], "rtd,df->rtf")
-    hidden = act(_dense(x, lp["gate"], "rtd,df->rtf")) * up if config.mlp == "gated" else act(up)
-    return _dense(hidden, lp["down"], "rtf,fd->rtd")
+    up = _dense(x, lp["up"], "rtd,fd->rtf")
+    hidden = act(_dense(x, lp["gate"], "rtd,fd->rtf")) * up if config.mlp == "gated" else act(up)
+    return _dense(hidden, lp["down"], "rtf,df->rtd")
 
 
 class _LayerMeta(NamedTuple):
@@ -225,9 +225,9 @@ def decoder(
         lp, meta, kv = xs
         h = _norm(x, lp["attn_norm"], config) if config.pre_norms else x
         heads = (*x.shape[:2], -1, config.head_dim)
-        q = _dense(h, lp["q"], "rtd,dn->rtn").reshape(heads)
-        k = _dense(h, lp["k"], "rtd,dn->rtn").reshape(heads)
-        v = _dense(h, lp["v"], "rtd,dn->rtn").reshape(heads)
+        q = _dense(h, lp["q"], "rtd,nd->rtn").reshape(heads)
+        k = _dense(h, lp["k"], "rtd,nd->rtn").reshape(heads)
+        v = _dense(h, lp["v"], "rtd,nd->rtn").reshape(heads)
         if config.qk_norm:
             q, k = _qk_norm(q, lp["q_norm"], config), _qk_norm(k, lp["k_norm"], config)
         if config.rope is not None:
@@ -239,7 +239,7 @@ def decoder(
         new = Keys(k, v, q_pos, q_valid) if tree is None else Keys(k[:, 0], v[:, 0], q_pos[:, 0], tree & q_valid[:, 0][None])
         blocks = [*context(kv), new]
         attn = _attend(q, q_pos, blocks, meta.scale, meta.sliding, config)
-        out = _dense(attn.reshape(*x.shape[:2], -1), lp["o"], "rtn,nd->rtd")
+        out = _dense(attn.reshape(*x.shape[:2], -1), lp["o"], "rtn,dn->rtd")
         if config.post_norms:
             out = _norm(out, lp["post_attn_norm"], config)
         x = x + out
