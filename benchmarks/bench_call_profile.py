@@ -375,12 +375,13 @@ def op_rows(experts: ByteExperts, model_name: str, rows: int, repeats: int,
     kinds: dict[str, list[str]] = collections.defaultdict(list)
     for name in sorted(per_op, key=per_op.get, reverse=True):
         kinds[op_kind(ops[name])].append(name)
+    totals = {kind: sum(per_op[n] for n in names) for kind, names in kinds.items()}
     table = [{"model": model_name, "rows": rows, "op_kind": "forward (wall, median)", "ms_per_call": wall,
               "pct_of_forward_wall": 100.0, "ops": "", "largest": ""}]
-    for kind, names in sorted(kinds.items(), key=lambda kv: -sum(per_op[n] for n in kv[1])):
-        top = names[0]
-        table.append({"model": model_name, "rows": rows, "op_kind": kind, "ms_per_call": sum(per_op[n] for n in names),
-                      "pct_of_forward_wall": 100.0 * sum(per_op[n] for n in names) / wall, "ops": len(names),
+    for kind in sorted(totals, key=totals.get, reverse=True):
+        top = kinds[kind][0]
+        table.append({"model": model_name, "rows": rows, "op_kind": kind, "ms_per_call": totals[kind],
+                      "pct_of_forward_wall": 100.0 * totals[kind] / wall, "ops": len(kinds[kind]),
                       "largest": f"{top} {ops[top]['shape']} {per_op[top]:.2f} ms"})
     return table
 

@@ -6,8 +6,8 @@ Params are nested dicts of arrays. Per-layer weights are stacked with a leading 
 weights): then a layer's slice of a stacked kernel feeds the matmul directly, where a reshaped
 slice would make XLA on CPU copy each layer's weights per call. [out, in] rather than [in, out]
 because XLA:CPU's matmul of a few rows reads it faster: each output is a dot of two contiguous
-vectors (SmolLM2's forward of 5 rows: 154 -> 128 ms scanned, 112 -> 92 ms unrolled, 2026-11-26;
-on GPUs the layout makes no difference).
+vectors (SmolLM2's scanned forward, paired: 0.88x the time at 10 rows, 0.91x at 20, no
+difference shown at 5; 2026-11-26, docs/benchmarks.md).
 
     embed        [V, D]          token embeddings (also the output head when tied)
     pos_embed    [P, D]          learned positions (GPT-2)
