@@ -32,8 +32,8 @@ and, separately jitted on the same shapes, each of its parts:
   program (f32 activations and accumulation: only the stored format changes), int8 weights with
   a per-output-channel f32 scale upcast likewise, the library's own bf16 model
   (`LanguageModel.astype(jnp.bfloat16)`: bf16 weights, activations and pool; f32 logits and
-  attention softmax), and f32 with unrolled layers (`load_model(..., unroll_layers=True)`: no
-  `lax.scan` over stacked weights). For each, the largest |difference| of the rows' log-probs
+  attention softmax), and f32 with the other layer-weight layout ("layout": stacked on a layer
+  axis when the model's are split, as `load_model` gives on CPU, else split). For each, the largest |difference| of the rows' log-probs
   (the masked log-softmax) from the f32 model's, over all allowed tokens and over those with
   f32 log-prob above -10.
 
@@ -51,7 +51,7 @@ exactly (XLA fuses across them inside it); "derived" rows are differences of med
 average is recorded before and after each model (the timings mean little under load).
 
 Run: python -m benchmarks.bench_call_profile [--models smollm2-135m-instruct gemma3-270m]
-     [--rows 5 10] [--repeats 20] [--experts 1] [--variants bf16_upcast int8_upcast bf16 unrolled]
+     [--rows 5 10] [--repeats 20] [--experts 1] [--variants bf16_upcast int8_upcast bf16 layout]
      [--ops] [--name bench_call_profile]
 """
 
@@ -69,7 +69,7 @@ import statistics
 import tempfile
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -83,7 +83,7 @@ from smc_jax.bytes.sumtree import SumTree, build_sum_tree
 from smc_jax.bytes.trie import ROOT, TokenTrie, next_byte_logmass
 from smc_jax.experts.byte import ByteExperts
 from smc_jax.models.contexts import NO_CONTEXT, PROMPT_CONTEXT, context_tokens_path, extend_group
-from smc_jax.models.params import cast, flatten, unflatten, unstack_layers
+from smc_jax.models.params import cast, stack_layers, unstack_layers
 from smc_jax.models.paged import KVPool, PagedTransformer, paged_decode
 from smc_jax.models.transformer import output_logits
 
@@ -98,7 +98,7 @@ MAX_LENGTH = 39
 #: Rows per call: bucket_sizes(.., typical=M) gives buckets M/2, M, 2M (and the worst case); the
 #: byte workloads average ~5.5-6 rows per store and call (benchmarks/results/bench_calls_idle.md).
 DEFAULT_ROWS = (5, 10)
-VARIANTS = ("bf16_upcast", "int8_upcast", "bf16", "unrolled")
+VARIANTS = ("bf16_upcast", "int8_upcast", "bf16", "layout")
 #: Tokens with an f32 log-prob above this count for the "top" log-prob difference.
 TOP_LOGP = -10.0
 COLUMNS = ["model", "rows", "part", "kind", "median_ms", "min_ms", "max_ms", "pct_of_call", "compile_s",
@@ -251,18 +251,27 @@ def _quantize(w, axis: int):
     return jnp.clip(jnp.round(w / scale), -127, 127).astype(jnp.int8), scale
 
 
-def quantize_int8(params) -> dict[str, tuple[jax.Array, jax.Array | None]]:
+class Int8(NamedTuple):
+    """An int8 matrix and its per-row f32 scale."""
+
+    q: jax.Array
+    scale: jax.Array
+
+
+def quantize_int8(params):
     """Symmetric int8 per output channel for the matrices (kernels [.., out, in] and embed /
-    lm_head [V, D]: one scale per row), the rest (norms, biases) kept as is."""
-    out = {}
-    for path, w in flatten(params).items():
-        axis = -1 if path.endswith("kernel") or path in ("embed", "lm_head") else None
-        out[path] = (w, None) if axis is None or w.ndim < 2 else _quantize(w, axis)
-    return out
+    lm_head [V, D]: one scale per row), the rest (norms, biases) kept as is; stacked or split
+    layers alike."""
+    def leaf(path, w):
+        name = str(getattr(path[-1], "key", ""))
+        matrix = w.ndim >= 2 and (name == "kernel" or str(path[0].key) in ("embed", "lm_head"))
+        return Int8(*_quantize(w, -1)) if matrix else w
+    return jax.tree_util.tree_map_with_path(leaf, params)
 
 
-def dequantize_int8(stored) -> dict:
-    return unflatten({path: q if s is None else q.astype(jnp.float32) * s for path, (q, s) in stored.items()})
+def dequantize_int8(stored):
+    return jax.tree_util.tree_map(lambda w: w.q.astype(jnp.float32) * w.scale if isinstance(w, Int8) else w,
+                                  stored, is_leaf=lambda w: isinstance(w, Int8))
 
 
 def upcast_forward(config, decode_params: Callable, stored, prefixes, pools, paths, depth, tokens):
@@ -460,9 +469,10 @@ def profile(experts: ByteExperts, model_name: str, rows: int, repeats: int, num_
         prefixes = experts.prefixes.replace(k=experts.prefixes.k.astype(jnp.bfloat16),
                                             v=experts.prefixes.v.astype(jnp.bfloat16))
         formats["bf16"] = (forward, (half, prefixes, cast(stores.pool, jnp.bfloat16), paths, depth, tokens))
-    if "unrolled" in variants:
-        unrolled = PagedTransformer(params=unstack_layers(model.params), config=model.config)
-        formats["unrolled"] = (forward, (unrolled, experts.prefixes, stores.pool, paths, depth, tokens))
+    if "layout" in variants:
+        split = isinstance(model.params["layers"], tuple)
+        other = PagedTransformer(params=(stack_layers if split else unstack_layers)(model.params), config=model.config)
+        formats["layout"] = (forward, (other, experts.prefixes, stores.pool, paths, depth, tokens))
     for name, (fn, args) in formats.items():
         result = measure(f"forward_{name}", fn, args)
         out[f"forward_{name}"].update(logp_difference(f32_logits, result[0], experts.allowed))
@@ -490,7 +500,7 @@ LABELS = (
     ("forward_bf16_upcast", "e: forward, bf16 weights -> f32", "measured"),
     ("forward_int8_upcast", "e: forward, int8 weights -> f32", "measured"),
     ("forward_bf16", "e: forward, bf16 model (astype)", "measured"),
-    ("forward_unrolled", "e: forward, f32 unrolled layers", "measured"),
+    ("forward_layout", "e: forward, f32, the other layer layout", "measured"),
 )
 
 

@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 
 MODELS = ("smollm2-135m-instruct", "gemma3-270m")
-SIDES = ("jax", "jax_unrolled", "torch")
+SIDES = ("jax", "jax_split", "torch")
 ROUNDS = 2
 REPS = 5
 PROMPT_TOKENS = 128
@@ -64,14 +64,14 @@ def _peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def worker_jax(model_name: str, unroll_layers: bool = False) -> dict:
+def worker_jax(model_name: str, split_layers: bool = False) -> dict:
     import jax
     import jax.numpy as jnp
     from smc_jax.models import load_model
     from smc_jax.models.lm import decode_step
 
     start = time.perf_counter()
-    model = load_model(model_name, unroll_layers=unroll_layers)
+    model = load_model(model_name, split_layers=split_layers)
     load = time.perf_counter() - start
     config, params = model.config, model.params
     prompt = _prompt_ids(config.vocab_size, PROMPT_TOKENS)
@@ -101,8 +101,8 @@ def worker_jax(model_name: str, unroll_layers: bool = False) -> dict:
     }
 
 
-def worker_jax_unrolled(model_name: str) -> dict:
-    return worker_jax(model_name, unroll_layers=True)
+def worker_jax_split(model_name: str) -> dict:
+    return worker_jax(model_name, split_layers=True)
 
 
 def worker_torch(model_name: str) -> dict:
@@ -167,7 +167,7 @@ def worker_convert(model_name: str) -> dict:
     return {"first_load_s": first_load}
 
 
-WORKERS = {"jax": worker_jax, "jax_unrolled": worker_jax_unrolled, "torch": worker_torch, "convert": worker_convert}
+WORKERS = {"jax": worker_jax, "jax_split": worker_jax_split, "torch": worker_torch, "convert": worker_convert}
 
 
 def _run_worker(kind: str, model: str) -> dict:
@@ -223,7 +223,7 @@ def _summarise(runs: dict) -> dict:
             row = {"label": label}
             for side in SIDES:
                 row[side] = float(np.median([r[key] for r in runs[model][side]]))
-            for side in ("jax", "jax_unrolled"):
+            for side in ("jax", "jax_split"):
                 ratio = row[side] / row["torch"]
                 row[f"{side}_advantage"] = 1 / ratio if better == "lower" else ratio
             rows[key] = row
@@ -244,18 +244,19 @@ def _markdown(summary: dict, machine: dict) -> str:
         f"sides, each in a fresh process. Decode: {DECODE_STEPS} greedy steps after a "
         f"{DECODE_PROMPT_TOKENS}-token prompt, KV cache on both sides. 'JAX advantage' is the "
         "speed-up (or time/memory saving) factor of the port over PyTorch (>1: the port is better). "
-        "'scan': layers under jax.lax.scan (default); 'unrolled': per-layer weights, unrolled loop "
-        "(load_model(..., unroll_layers=True)).",
+        "'stacked': weights stacked on a layer axis, sliced by jax.lax.scan (load_model(..., "
+        "split_layers=False)); 'split': each layer's weights in their own buffers, the scan switching "
+        "between them (split_layers=True, load_model's default on CPU).",
         "",
-        "| model | metric | JAX scan | JAX unrolled | PyTorch eager | scan / torch | unrolled / torch |",
+        "| model | metric | JAX stacked | JAX split | PyTorch eager | stacked / torch | split / torch |",
         "|---|---|---:|---:|---:|---:|---:|",
     ]
     for model, rows in summary.items():
         for key, _, _ in METRICS:
             row = rows[key]
             lines.append(
-                f"| {model} | {row['label']} | {row['jax']:.1f} | {row['jax_unrolled']:.1f} | {row['torch']:.1f} "
-                f"| {row['jax_advantage']:.2f}x | {row['jax_unrolled_advantage']:.2f}x |"
+                f"| {model} | {row['label']} | {row['jax']:.1f} | {row['jax_split']:.1f} | {row['torch']:.1f} "
+                f"| {row['jax_advantage']:.2f}x | {row['jax_split_advantage']:.2f}x |"
             )
         lines.append(f"| {model} | first load: GGUF conversion (s) | {rows['first_load_s']:.1f} | | | | |")
     return "\n".join(lines) + "\n"

@@ -76,10 +76,10 @@ Conventions, so that both sides do the same work:
   vmapped over the group's prompts, the run's pool and path shapes): t(rows) = a + b * rows is
   fitted on the call sizes up to twice the typical one, and floor = calls * a + rows * b summed
   over the model groups. "Everything else" (the profile, c) is wall - floor.
-* Layers: smc_jax loads its models with the default layer loop (`lax.scan` over stacked
-  weights) unless `--unroll-layers` (per-layer weights, an unrolled loop: about 3x longer
-  compiles; XLA:CPU then reads each layer's weights in place instead of copying its slice of the
-  stack on every call, see bench_call_profile). Same arithmetic, log-probs within 1e-4.
+* Layers: smc_jax loads its models with `load_model`'s default weight layout (on CPU each
+  layer's weights in their own buffers, which XLA:CPU reads in place; else stacked on a layer
+  axis, which a `lax.scan` slices and XLA:CPU copies on every call, see bench_call_profile)
+  unless `--layers split|stacked`. Same arithmetic, logits within 2e-4.
 * Compilations: XLA compilations during the timed runs (after the warm-up) are counted with
   `smc_jax.utils.compilation.count_compilations`; 0 means no run recompiled.
 
@@ -96,7 +96,7 @@ import os
 import statistics
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from importlib.metadata import version
 from pathlib import Path
 from typing import Any
@@ -568,8 +568,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--max-tokens", type=int, default=40,
                         help="byte SMC: GenLM's max_tokens (bytes + forced EOS); token SMC: the exact length")
     parser.add_argument("--particles", type=int, default=10)
-    parser.add_argument("--unroll-layers", action="store_true",
-                        help="smc_jax: load_model(..., unroll_layers=True) (longer compiles, cheaper calls on CPU)")
+    parser.add_argument("--layers", choices=("split", "stacked"), default=None,
+                        help="smc_jax: load_model(..., split_layers=...) (default: load_model's, split on CPU)")
     parser.add_argument("--prefetch", type=int, default=0,
                         help="smc_jax byte level: calls also create the contexts the next N bytes may need (0: off)")
     parser.add_argument("--prefetch-rows", type=int, default=0, help="smc_jax byte level: rows a call may add to prefetch")
@@ -586,6 +586,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     if args.prefetch < 0 or args.prefetch_rows < 0:
         parser.error("--prefetch and --prefetch-rows must be >= 0")
     return args
+
+
+def layer_layouts(models: Iterable[LanguageModel]) -> list[str]:
+    """How smc_jax's loaded models hold their layer weights (see `load_model(split_layers=...)`)."""
+    return sorted({"split" if model.split_layers else "stacked" for model in models})
 
 
 def threads_used(genlm: GenLM | None) -> dict[str, Any]:
@@ -616,7 +621,8 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     def models(name: str) -> LanguageModel:
         if name not in loaded:
-            loaded[name] = load_model(name, unroll_layers=args.unroll_layers)
+            split = None if args.layers is None else args.layers == "split"
+            loaded[name] = load_model(name, split_layers=split)
         return loaded[name]
 
     load = {"before": os.getloadavg()}
@@ -659,7 +665,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     ])
     meta = {
         "runs": args.runs, "settings": dataclasses.asdict(settings), "device": jax.devices()[0].device_kind,
-        "unroll_layers": args.unroll_layers, "text_prompt": TEXT_PROMPT, "prompts": PROMPTS,
+        "layers": layer_layouts(loaded.values()), "text_prompt": TEXT_PROMPT, "prompts": PROMPTS,
         "mass_floor": MASS_FLOOR, "threads": threads_used(genlm), "load_average": load,
         "intervals": (f"times and calls: mean ± {CONFIDENCE:.0%} t-interval over runs; ratios: mean / mean with a "
                       f"{CONFIDENCE:.0%} percentile bootstrap interval ({BOOTSTRAP_RESAMPLES} resamples of each "
@@ -676,7 +682,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         "sequential model calls, each with a 95% percentile bootstrap interval [low, high]. GenLM's torch at "
         f"{'its default thread count' if args.torch_threads is None else f'{args.torch_threads} thread(s)'} "
         f"({meta['threads']}). smc_jax byte prefetch: {args.prefetch} tokens, {args.prefetch_rows} extra rows. "
-        f"smc_jax's layers: {'unrolled (unroll_layers=True)' if args.unroll_layers else 'lax.scan (default)'}. Load average (1/5/15 min) before, between and after the sides: {load}. "
+        f"smc_jax's layer weights: {', '.join(meta['layers'])}. Load average (1/5/15 min) before, between and after the sides: {load}. "
         "See the script's docstring for the conventions (same target, lengths, prompts).")
     print(save(args.name, rows, columns, meta, notes, appendix, directory=args.out))
     print(appendix)

@@ -53,11 +53,11 @@ def test_cli_defaults_and_options():
     args = parse_args([])
     assert args.runs == DEFAULT_RUNS == 12 and args.workloads == list(WORKLOADS)
     assert args.torch_threads is None  # GenLM's torch keeps its default thread count
-    assert not args.skip_genlm and args.max_tokens == 40 and args.particles == 10 and not args.unroll_layers
+    assert not args.skip_genlm and args.max_tokens == 40 and args.particles == 10 and args.layers is None
     args = parse_args(["--workloads", "token-prompts", "smc-models", "--runs", "2", "--skip-genlm",
-                       "--torch-threads", "1", "--name", "x", "--out", "/tmp/somewhere", "--unroll-layers"])
+                       "--torch-threads", "1", "--name", "x", "--out", "/tmp/somewhere", "--layers", "stacked"])
     assert args.workloads == ["token-prompts", "smc-models"] and args.runs == 2 and args.skip_genlm
-    assert args.unroll_layers
+    assert args.layers == "stacked"
     assert args.torch_threads == 1 and args.name == "x" and str(args.out) == "/tmp/somewhere"
     assert args.prefetch == args.prefetch_rows == 0 and not args.no_call_costs
     args = parse_args(["--prefetch", "16", "--prefetch-rows", "64", "--no-call-costs"])

@@ -350,7 +350,7 @@ class FlaxLM(LanguageModel):
         """
         raise NotImplementedError("a wrapped Flax model keeps no key/value cache: use smc_jax.sample / logprob")
 
-    extend = decode = new_cache = greedy = astype = with_unrolled_layers = _no_cache
+    extend = decode = new_cache = greedy = astype = with_split_layers = _no_cache
 
 
 @partial(jax.jit, static_argnums=(0, 1))

@@ -127,13 +127,14 @@ class LanguageModel:
         return dataclasses.replace(self, prompt_capacity=capacity)
 
     @property
-    def unrolled_layers(self) -> bool:
+    def split_layers(self) -> bool:
         return isinstance(self.params["layers"], tuple)
 
-    def with_unrolled_layers(self, unrolled: bool = True) -> LanguageModel:
-        """The same model with per-layer weights (an unrolled layer loop: ~4x longer compiles,
-        up to 2x faster steps on CPU) or stacked weights (`jax.lax.scan` over layers)."""
-        params = unstack_layers(self.params) if unrolled else stack_layers(self.params)
+    def with_split_layers(self, split: bool = True) -> LanguageModel:
+        """The same model with each layer's weights in their own buffers (the layer scan switches
+        between them: no per-layer weight copies, a faster forward on CPU) or stacked on a leading
+        layer axis (the scan slices them)."""
+        params = unstack_layers(self.params) if split else stack_layers(self.params)
         return dataclasses.replace(self, params=params)
 
     def encode_prompt(self, prompt: Prompt, add_special_tokens: bool = True) -> list[int]:

@@ -116,7 +116,7 @@ def flatten(params: Params) -> dict[str, Any]:
 
 
 def unstack_layers(params: Params) -> Params:
-    """"layers" as a tuple of per-layer dicts (the model then unrolls its layer loop)."""
+    """"layers" as a tuple of per-layer dicts (each weight its own buffer; see `transformer.decoder`)."""
     layers = params[LAYERS]
     if isinstance(layers, tuple):
         return params

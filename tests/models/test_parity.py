@@ -8,6 +8,7 @@ match the torch model within 1e-5 in float32, with and without padding, and cach
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import jax
 import jax.numpy as jnp
@@ -172,7 +173,7 @@ def test_bfloat16_params_give_float32_logits(tiny):
     directory, _ = tiny("llama")
     model = load_model(directory)
     half = model.astype(jnp.bfloat16)
-    assert half.params["layers"]["q"]["kernel"].dtype == jnp.bfloat16
+    assert all(w.dtype == jnp.bfloat16 for w in jax.tree.leaves(half.params["layers"]))
     tokens = np.random.default_rng(5).integers(0, tc.VOCAB, size=(2, SEQ))
     full, reduced = model.forward(tokens), half.forward(tokens)
     assert reduced.dtype == jnp.float32
@@ -201,19 +202,37 @@ def test_decode_does_not_recompile(tiny, caplog):
     assert compiles == [], [r.getMessage() for r in compiles]
 
 
+def kernel_slices(model, tokens) -> int:
+    """Ops in the compiled forward that slice a kernel-shaped [out, in] block out of an array: the
+    per-layer weight copies of a scan over stacked weights."""
+    kernels = {tuple(w.shape[-2:]) for w in jax.tree.leaves(model.params["layers"]) if w.ndim >= 2}
+    positions = jnp.broadcast_to(jnp.arange(tokens.shape[1]), tokens.shape)
+    text = jit_forward.lower(model.params, model.config, tokens, positions, jnp.ones(tokens.shape, bool)).compile().as_text()
+    count = 0
+    for line in text.splitlines():
+        name, _, rest = line.partition(" = ")
+        shape = re.match(r"f32\[(?:1,)?(\d+),(\d+)\]\S* ([\w-]+)\(", rest)
+        if shape and "dynamic-slice" in name + shape[3] and (int(shape[1]), int(shape[2])) in kernels:
+            count += 1
+    return count
+
+
 @pytest.mark.parametrize("arch", ["gemma3", "gpt2"])
-def test_unrolled_layers_match_scan(arch, tiny):
-    """Per-layer (unstacked) weights run an unrolled loop; results equal the scanned model's."""
+def test_split_layers_match_stacked(arch, tiny):
+    """Per-layer weight buffers: the scan switches between them instead of slicing a stack. The
+    results equal the stacked model's, and no per-layer weight copy is left in the program."""
     directory, _ = tiny(arch)
-    scanned = load_model(directory)
-    unrolled = scanned.with_unrolled_layers()
-    assert unrolled.unrolled_layers and not scanned.unrolled_layers
-    assert not unrolled.with_unrolled_layers(False).unrolled_layers
-    assert load_model(directory, unroll_layers=True).unrolled_layers
+    stacked = load_model(directory, split_layers=False)
+    split = stacked.with_split_layers()
+    assert split.split_layers and not stacked.split_layers
+    assert not split.with_split_layers(False).split_layers
+    assert load_model(directory).split_layers == (jax.default_backend() == "cpu")
     tokens = np.random.default_rng(7).integers(0, tc.VOCAB, size=(2, SEQ))
-    np.testing.assert_allclose(np.asarray(unrolled.forward(tokens)), np.asarray(scanned.forward(tokens)), atol=ATOL, rtol=0)
+    np.testing.assert_allclose(np.asarray(split.forward(tokens)), np.asarray(stacked.forward(tokens)), atol=ATOL, rtol=0)
+    assert kernel_slices(stacked, jnp.asarray(tokens)) >= 4  # q, k, v, o, the MLP's: copied per layer
+    assert kernel_slices(split, jnp.asarray(tokens)) == 0
     outputs = []
-    for model in (scanned, unrolled):
+    for model in (stacked, split):
         prefix, last = model.prefill(tokens[0, :6].tolist())
         cache = model.new_cache(rows=2, capacity=3)
         outputs.append((prefix.k, last, *model.decode(prefix, cache.k, cache.v, cache.length, jnp.asarray(tokens[:, 6]))))
