@@ -36,7 +36,7 @@ from smc_jax.experts.token import TokenExperts  # noqa: E402
 from smc_jax.models import transformer  # noqa: E402
 from smc_jax.models.config import ModelConfig  # noqa: E402
 from smc_jax.models.paged import PagedTransformer  # noqa: E402
-from smc_jax.models.params import random_params  # noqa: E402
+from smc_jax.models.params import random_params, unstack_layers  # noqa: E402
 from smc_jax.sharding import make_mesh, run_sharded, shard_experts, sharded_runner  # noqa: E402
 from smc_jax.smc import SMC, SMCState  # noqa: E402
 from smc_jax.smc.engine import run_jitted  # noqa: E402
@@ -219,7 +219,13 @@ def check_tensor_parallel(smc: SMC, experts, ensemble, mesh, seed: int) -> None:
     assert params["embed"].is_fully_replicated, params["embed"]
     # The KV pool [K, layers, entries, kv_heads, head_dim] keeps each device's heads.
     assert sharded.expert_state.stores.pool.k.sharding.spec == P(None, None, None, "model", None)
-    print(f"tensor parallel (4 x 2 mesh), token experts: identical to 1 device ({time.perf_counter() - start:.1f} s)")
+    # Split layers (load_model's CPU default): the layer scan's switches over sharded buffers.
+    split = experts.replace(model=experts.model.replace(params=unstack_layers(experts.model.params)))
+    assert_same_run(single, run_sharded(smc, key, split, ensemble, mesh, rules="tensor_parallel"))
+    _, (_, split_sharding, _) = sharded_runner(smc, key, split, ensemble, mesh, rules="tensor_parallel")
+    assert split_sharding.model.params["layers"][0]["q"]["kernel"].spec == P("model", None)
+    print(f"tensor parallel (4 x 2 mesh), token experts, stacked and split layers: identical to 1 device "
+          f"({time.perf_counter() - start:.1f} s)")
 
 
 def check_divisibility(mesh) -> None:

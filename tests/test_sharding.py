@@ -23,7 +23,7 @@ from smc_jax.experts.base import stack_experts
 from smc_jax.experts.toy import NGramTokenLM
 from smc_jax.experts.token import TokenExperts
 from smc_jax.models.config import ModelConfig
-from smc_jax.models.params import param_shapes, unflatten
+from smc_jax.models.params import param_shapes, random_params, unflatten, unstack_layers
 from smc_jax.sharding import (
     check_mesh,
     make_mesh,
@@ -126,6 +126,13 @@ def test_tensor_parallel_rules_split_heads_and_mlp_units():
     assert layers["down"]["kernel"] == P(None, None, "model")
     assert layers["attn_norm"]["scale"] == P(None, None)
     assert specs["embed"] == P(None, None)
+    # Split layers (load_model's CPU default): one dict per layer, the same rules on the trailing axes.
+    split = param_specs(unstack_layers(random_params(CONFIG, jax.random.key(0))), mesh, "tensor_parallel")
+    assert len(split["layers"]) == CONFIG.num_layers
+    for layer in split["layers"]:
+        assert layer["q"]["kernel"] == layer["up"]["kernel"] == P("model", None)
+        assert layer["o"]["kernel"] == layer["down"]["kernel"] == P(None, "model")
+        assert layer["attn_norm"]["scale"] == P(None)
     replicated = param_specs(abstract_params(), mesh)
     assert all(spec == P(*[None] * len(spec)) for spec in jax.tree.leaves(replicated, is_leaf=lambda x: isinstance(x, P)))
 
