@@ -33,9 +33,9 @@ and, separately jitted on the same shapes, each of its parts:
   a per-output-channel f32 scale upcast likewise, the library's own bf16 model
   (`LanguageModel.astype(jnp.bfloat16)`: bf16 weights, activations and pool; f32 logits and
   attention softmax), and f32 with the other layer-weight layout ("layout": stacked on a layer
-  axis when the model's are split, as `load_model` gives on CPU, else split). For each, the largest |difference| of the rows' log-probs
-  (the masked log-softmax) from the f32 model's, over all allowed tokens and over those with
-  f32 log-prob above -10.
+  axis when the model's are split, as `load_model` gives on CPU, else split). For each, the
+  largest |difference| of the rows' log-probs (the masked log-softmax) from the f32 model's,
+  over all allowed tokens and over those with f32 log-prob above -10.
 
 * f (`--ops`): the forward's XLA operations, timed from a profiler trace (XLA:CPU's per-thunk
   TraceMe events, `--xla_cpu_enable_xprof_traceme`): milliseconds per call of each operation and
