@@ -83,7 +83,7 @@ from smc_jax.bytes.sumtree import SumTree, build_sum_tree
 from smc_jax.bytes.trie import ROOT, TokenTrie, next_byte_logmass
 from smc_jax.experts.byte import ByteExperts
 from smc_jax.models.contexts import NO_CONTEXT, PROMPT_CONTEXT, context_tokens_path, extend_group
-from smc_jax.models.params import cast, stack_layers, unstack_layers
+from smc_jax.models.params import cast, is_split, stack_layers, unstack_layers
 from smc_jax.models.paged import KVPool, PagedTransformer, paged_decode
 from smc_jax.models.transformer import output_logits
 
@@ -195,6 +195,12 @@ def call_without_model(experts: ByteExperts, stores, parent, token, valid, keep,
     part d, measured (deduplication, liveness and free slots, path gathers, pool and table writes)."""
     return extend_group(stores, _StubModel(k, v), experts.prefixes, parent, token, valid, keep,
                         lambda logits: summary, (rows,))
+
+
+def forward_inputs(inputs: dict[str, Any], rows: int) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """The forward's paths, depth and tokens for the first `rows` rows of `call_inputs`."""
+    paths, depth = jax.jit(jax.vmap(context_tokens_path))(inputs["stores"], inputs["parent"][:, :rows])
+    return paths, depth, inputs["token"][:, :rows]
 
 
 def forward(model: PagedTransformer, prefixes, pools: KVPool, paths, depth, tokens):
@@ -377,10 +383,9 @@ def op_rows(experts: ByteExperts, model_name: str, rows: int, repeats: int,
             num_particles: int = NUM_PARTICLES) -> list[dict[str, Any]]:
     """Part f: the forward's operations by kind, milliseconds per call."""
     inputs = call_inputs(experts, num_particles, rows)
-    stores = inputs["stores"]
-    paths, depth = jax.jit(jax.vmap(context_tokens_path))(stores, inputs["parent"][:, :rows])
-    per_op, ops, wall = trace_ops(forward, (experts.model, experts.prefixes, stores.pool, paths, depth,
-                                            inputs["token"][:, :rows]), repeats)
+    paths, depth, tokens = forward_inputs(inputs, rows)
+    per_op, ops, wall = trace_ops(forward, (experts.model, experts.prefixes, inputs["stores"].pool, paths, depth, tokens),
+                                  repeats)
     kinds: dict[str, list[str]] = collections.defaultdict(list)
     for name in sorted(per_op, key=per_op.get, reverse=True):
         kinds[op_kind(ops[name])].append(name)
@@ -426,9 +431,7 @@ def profile(experts: ByteExperts, model_name: str, rows: int, repeats: int, num_
     inputs = call_inputs(experts, num_particles, rows)
     stores = inputs["stores"]
     k = experts.num_experts
-    parent = inputs["parent"][:, :rows]
-    tokens = inputs["token"][:, :rows]
-    paths, depth = jax.jit(jax.vmap(context_tokens_path))(stores, parent)
+    paths, depth, tokens = forward_inputs(inputs, rows)
     out: dict[str, dict[str, Any]] = {}
 
     def measure(part: str, fn, args, **options):
@@ -470,8 +473,8 @@ def profile(experts: ByteExperts, model_name: str, rows: int, repeats: int, num_
                                             v=experts.prefixes.v.astype(jnp.bfloat16))
         formats["bf16"] = (forward, (half, prefixes, cast(stores.pool, jnp.bfloat16), paths, depth, tokens))
     if "layout" in variants:
-        split = isinstance(model.params["layers"], tuple)
-        other = PagedTransformer(params=(stack_layers if split else unstack_layers)(model.params), config=model.config)
+        other_layout = stack_layers if is_split(model.params) else unstack_layers
+        other = PagedTransformer(params=other_layout(model.params), config=model.config)
         formats["layout"] = (forward, (other, experts.prefixes, stores.pool, paths, depth, tokens))
     for name, (fn, args) in formats.items():
         result = measure(f"forward_{name}", fn, args)

@@ -63,8 +63,8 @@ REPLICATED: ParamRules = ((r".*", P()),)
 #: A Megatron-style split of the transformer ([out, in] kernels): q/k/v and gate/up by output
 #: rows (attention heads, MLP hidden units), o and down by input columns, so each layer needs
 #: one all-reduce after attention and one after the MLP; the KV pool by KV heads, so each
-#: device stores and reads the keys/values of its own heads. Embeddings and norms replicated. Needs a model axis dividing
-#: the number of KV heads and the MLP width.
+#: device stores and reads the keys/values of its own heads. Embeddings and norms replicated.
+#: Needs a model axis dividing the number of KV heads and the MLP width.
 TENSOR_PARALLEL: ParamRules = (
     (r"pool/(k|v)", P(MODEL, None)),
     (r"layers/(\d+/)?(q|k|v|gate|up)/kernel", P(MODEL, None)),

@@ -16,7 +16,7 @@ from smc_jax.models import transformer
 from smc_jax.models.cache import CacheCapacityError, KVCache, PrefixCache
 from smc_jax.models.config import ModelConfig
 from smc_jax.models.paged import PagedTransformer
-from smc_jax.models.params import Params, cast, stack_layers, unstack_layers
+from smc_jax.models.params import Params, cast, is_split, stack_layers, unstack_layers
 from smc_jax.models.tokenizer import Tokenizer, check_prompt
 
 MIN_PROMPT_BUCKET = 16
@@ -128,7 +128,7 @@ class LanguageModel:
 
     @property
     def split_layers(self) -> bool:
-        return isinstance(self.params["layers"], tuple)
+        return is_split(self.params)
 
     def with_split_layers(self, split: bool = True) -> LanguageModel:
         """The same model with each layer's weights in their own buffers (the layer scan switches

@@ -115,21 +115,25 @@ def flatten(params: Params) -> dict[str, Any]:
     return {SEP.join(str(key.key) for key in path): leaf for path, leaf in leaves}
 
 
+def is_split(params: Params) -> bool:
+    """Whether "layers" holds one dict per layer (`unstack_layers`) rather than stacked leaves."""
+    return isinstance(params[LAYERS], tuple)
+
+
 def unstack_layers(params: Params) -> Params:
     """"layers" as a tuple of per-layer dicts (each weight its own buffer; see `transformer.decoder`)."""
-    layers = params[LAYERS]
-    if isinstance(layers, tuple):
+    if is_split(params):
         return params
+    layers = params[LAYERS]
     count = jax.tree_util.tree_leaves(layers)[0].shape[0]
     return {**params, LAYERS: tuple(jax.tree_util.tree_map(lambda a, i=i: a[i], layers) for i in range(count))}
 
 
 def stack_layers(params: Params) -> Params:
     """Inverse of `unstack_layers`: per-layer leaves stacked on a leading layer axis."""
-    layers = params[LAYERS]
-    if not isinstance(layers, tuple):
+    if not is_split(params):
         return params
-    return {**params, LAYERS: jax.tree_util.tree_map(lambda *a: jnp.stack(a), *layers)}
+    return {**params, LAYERS: jax.tree_util.tree_map(lambda *a: jnp.stack(a), *params[LAYERS])}
 
 
 def random_params(config: ModelConfig, key: jax.Array, scale: float = 0.3, dtype: Any = jnp.float32) -> Params:

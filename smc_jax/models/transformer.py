@@ -41,7 +41,7 @@ from jaxtyping import Array, Bool, Float, Int
 
 from smc_jax.models.cache import PrefixCache
 from smc_jax.models.config import ModelConfig
-from smc_jax.models.params import Params
+from smc_jax.models.params import Params, is_split
 
 F32 = jnp.float32
 # Score of a masked key. Finite, so a query with no visible key (a padding query) gets a uniform,
@@ -264,7 +264,7 @@ def decoder(
         return x + out, (k, v)
 
     layers, meta = params["layers"], _layer_meta(config)
-    if not isinstance(layers, tuple):
+    if not is_split(params):
         return jax.lax.scan(layer, x, (layers, meta, context_kv))
     # Per-layer buffers (`params.unstack_layers`): the same scan, over the layer index; each matmul
     # switches to its layer's own kernel (`_PerLayer`), which XLA reads in place, where a layer's
