@@ -32,7 +32,8 @@ and, separately jitted on the same shapes, each of its parts:
   program (f32 activations and accumulation: only the stored format changes), int8 weights with
   a per-output-channel f32 scale upcast likewise, the library's own bf16 model
   (`LanguageModel.astype(jnp.bfloat16)`: bf16 weights, activations and pool; f32 logits and
-  attention softmax), and f32 with the other layer-weight layout ("layout": stacked on a layer
+  attention softmax), bf16 matmuls under f32 activations (`LanguageModel.with_matmul_dtype`:
+  bf16 weights and products' inputs, f32 accumulation, activations and pool), and f32 with the other layer-weight layout ("layout": stacked on a layer
   axis when the model's are split, as `load_model` gives on CPU, else split). For each, the
   largest |difference| of the rows' log-probs (the masked log-softmax) from the f32 model's,
   over all allowed tokens and over those with f32 log-prob above -10.
@@ -51,7 +52,7 @@ exactly (XLA fuses across them inside it); "derived" rows are differences of med
 average is recorded before and after each model (the timings mean little under load).
 
 Run: python -m benchmarks.bench_call_profile [--models smollm2-135m-instruct gemma3-270m]
-     [--rows 5 10] [--repeats 20] [--experts 1] [--variants bf16_upcast int8_upcast bf16 layout]
+     [--rows 5 10] [--repeats 20] [--experts 1] [--variants bf16_upcast int8_upcast bf16 bf16_matmul layout]
      [--ops] [--name bench_call_profile]
 """
 
@@ -83,7 +84,7 @@ from smc_jax.bytes.sumtree import SumTree, build_sum_tree
 from smc_jax.bytes.trie import ROOT, TokenTrie, next_byte_logmass
 from smc_jax.experts.byte import ByteExperts
 from smc_jax.models.contexts import NO_CONTEXT, PROMPT_CONTEXT, context_tokens_path, extend_group
-from smc_jax.models.params import cast, is_split, stack_layers, unstack_layers
+from smc_jax.models.params import cast, cast_matmuls, is_matmul_weight, is_split, stack_layers, unstack_layers
 from smc_jax.models.paged import KVPool, PagedTransformer, paged_decode
 from smc_jax.models.transformer import output_logits
 
@@ -98,7 +99,7 @@ MAX_LENGTH = 39
 #: Rows per call: bucket_sizes(.., typical=M) gives buckets M/2, M, 2M (and the worst case); the
 #: byte workloads average ~5.5-6 rows per store and call (benchmarks/results/bench_calls_idle.md).
 DEFAULT_ROWS = (5, 10)
-VARIANTS = ("bf16_upcast", "int8_upcast", "bf16", "layout")
+VARIANTS = ("bf16_upcast", "int8_upcast", "bf16", "bf16_matmul", "layout")
 #: Tokens with an f32 log-prob above this count for the "top" log-prob difference.
 TOP_LOGP = -10.0
 COLUMNS = ["model", "rows", "part", "kind", "median_ms", "min_ms", "max_ms", "pct_of_call", "compile_s",
@@ -268,11 +269,8 @@ def quantize_int8(params):
     """Symmetric int8 per output channel for the matrices (kernels [.., out, in] and embed /
     lm_head [V, D]: one scale per row), the rest (norms, biases) kept as is; stacked or split
     layers alike."""
-    def leaf(path, w):
-        name = str(getattr(path[-1], "key", ""))
-        matrix = w.ndim >= 2 and (name == "kernel" or str(path[0].key) in ("embed", "lm_head"))
-        return Int8(*_quantize(w, -1)) if matrix else w
-    return jax.tree_util.tree_map_with_path(leaf, params)
+    return jax.tree_util.tree_map_with_path(lambda path, w: Int8(*_quantize(w, -1)) if is_matmul_weight(path, w) else w,
+                                            params)
 
 
 def dequantize_int8(stored):
@@ -472,6 +470,9 @@ def profile(experts: ByteExperts, model_name: str, rows: int, repeats: int, num_
         prefixes = experts.prefixes.replace(k=experts.prefixes.k.astype(jnp.bfloat16),
                                             v=experts.prefixes.v.astype(jnp.bfloat16))
         formats["bf16"] = (forward, (half, prefixes, cast(stores.pool, jnp.bfloat16), paths, depth, tokens))
+    if "bf16_matmul" in variants:
+        mixed = PagedTransformer(params=cast_matmuls(model.params, jnp.bfloat16), config=model.config)
+        formats["bf16_matmul"] = (forward, (mixed, experts.prefixes, stores.pool, paths, depth, tokens))
     if "layout" in variants:
         other_layout = stack_layers if is_split(model.params) else unstack_layers
         other = PagedTransformer(params=other_layout(model.params), config=model.config)
@@ -503,6 +504,7 @@ LABELS = (
     ("forward_bf16_upcast", "e: forward, bf16 weights -> f32", "measured"),
     ("forward_int8_upcast", "e: forward, int8 weights -> f32", "measured"),
     ("forward_bf16", "e: forward, bf16 model (astype)", "measured"),
+    ("forward_bf16_matmul", "e: forward, bf16 matmuls, f32 activations", "measured"),
     ("forward_layout", "e: forward, f32, the other layer layout", "measured"),
 )
 

@@ -80,6 +80,12 @@ Conventions, so that both sides do the same work:
   layer's weights in their own buffers, which XLA:CPU reads in place; else stacked on a layer
   axis, which a `lax.scan` slices and XLA:CPU copies on every call, see bench_call_profile)
   unless `--layers split|stacked`. Same arithmetic, logits within 2e-4.
+* Precision: both sides run float32 models (the same dequantized GGUF weights) unless
+  `--precision bf16-matmuls`: then smc_jax multiplies in bfloat16 with float32 accumulation and
+  float32 activations (`load_model(..., matmul_dtype=jnp.bfloat16)`) and GenLM's torch model is
+  cast to bfloat16 (what `torch_dtype="auto"`, GenLM's loader default, gives for the bfloat16
+  Hugging Face checkpoints of both models). Close to, not the same as, the float32 target on
+  either side (bench_call_profile measures smc_jax's log-prob differences).
 * Compilations: XLA compilations during the timed runs (after the warm-up) are counted with
   `smc_jax.utils.compilation.count_compilations`; 0 means no run recompiled.
 
@@ -570,6 +576,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--particles", type=int, default=10)
     parser.add_argument("--layers", choices=("split", "stacked"), default=None,
                         help="smc_jax: load_model(..., split_layers=...) (default: load_model's, split on CPU)")
+    parser.add_argument("--precision", choices=PRECISIONS, default="f32",
+                        help="both sides' model arithmetic (f32: float32 throughout; bf16-matmuls: see the docstring)")
     parser.add_argument("--prefetch", type=int, default=0,
                         help="smc_jax byte level: calls also create the contexts the next N bytes may need (0: off)")
     parser.add_argument("--prefetch-rows", type=int, default=0, help="smc_jax byte level: rows a call may add to prefetch")
@@ -586,6 +594,15 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     if args.prefetch < 0 or args.prefetch_rows < 0:
         parser.error("--prefetch and --prefetch-rows must be >= 0")
     return args
+
+
+#: --precision: smc_jax's matmul dtype (None: the params' float32) and what both sides run.
+PRECISIONS: dict[str, Any] = {"f32": None, "bf16-matmuls": jnp.bfloat16}
+PRECISION_NOTES = {
+    "f32": "float32 from the same GGUF files",
+    "bf16-matmuls": ("the same GGUF files; bfloat16 matmuls: smc_jax's with float32 accumulation and activations, "
+                     "GenLM's torch model cast to bfloat16"),
+}
 
 
 def layer_layouts(models: Iterable[LanguageModel]) -> list[str]:
@@ -611,7 +628,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             import genlm.control  # noqa: F401
         except ImportError:
             sys.exit(f"compare_genlm: {GENLM_MISSING}")
-        genlm = GenLM(args.torch_threads)
+        genlm = GenLM(args.torch_threads, PRECISIONS[args.precision] is not None)
     else:
         print("compare_genlm: --skip-genlm: running only the smc_jax side", file=sys.stderr)
     settings = Settings(runs=args.runs, beam_width=5, prune_threshold=0.05, particles=args.particles,
@@ -622,7 +639,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     def models(name: str) -> LanguageModel:
         if name not in loaded:
             split = None if args.layers is None else args.layers == "split"
-            loaded[name] = load_model(name, split_layers=split)
+            loaded[name] = load_model(name, split_layers=split, matmul_dtype=PRECISIONS[args.precision])
         return loaded[name]
 
     load = {"before": os.getloadavg()}
@@ -665,7 +682,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     ])
     meta = {
         "runs": args.runs, "settings": dataclasses.asdict(settings), "device": jax.devices()[0].device_kind,
-        "layers": layer_layouts(loaded.values()), "text_prompt": TEXT_PROMPT, "prompts": PROMPTS,
+        "layers": layer_layouts(loaded.values()), "precision": args.precision, "text_prompt": TEXT_PROMPT, "prompts": PROMPTS,
         "mass_floor": MASS_FLOOR, "threads": threads_used(genlm), "load_average": load,
         "intervals": (f"times and calls: mean ± {CONFIDENCE:.0%} t-interval over runs; ratios: mean / mean with a "
                       f"{CONFIDENCE:.0%} percentile bootstrap interval ({BOOTSTRAP_RESAMPLES} resamples of each "
@@ -675,7 +692,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             p: version(p) for p in ("genlm-control", "genlm-bytes", "genlm-backend", "torch", "transformers")},
     }
     notes = (
-        "smc_jax vs GenLM, same models (float32 from the same GGUF files), same process (smc_jax's sides first), "
+        f"smc_jax vs GenLM, same models ({PRECISION_NOTES[args.precision]}), same process (smc_jax's sides first), "
         f"on {jax.default_backend()} ({jax.devices()[0].device_kind}; GenLM on {genlm.device if genlm else 'n/a'}). "
         f"{args.runs} timed runs per side after a warm-up; seconds and calls: mean ± 95% t-interval; "
         "genlm/smc_jax: ratio of mean seconds (> 1: smc_jax is faster) and smc_jax/genlm_calls: ratio of mean "

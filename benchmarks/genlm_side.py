@@ -68,14 +68,16 @@ def plain_byte_level(tokenizer: Any) -> Any:
 
 class GenLM:
     """GenLM's models (AsyncTransformer over transformers' float32 load of the same GGUF file,
-    with smc_jax's tokenizer of that file), loaded on first use, and their forward logs."""
+    cast to bfloat16 with `bf16`, with smc_jax's tokenizer of that file), loaded on first use, and
+    their forward logs."""
 
-    def __init__(self, torch_threads: int | None) -> None:
+    def __init__(self, torch_threads: int | None, bf16: bool = False) -> None:
         import torch
 
         if torch_threads:
             torch.set_num_threads(torch_threads)
         self.torch = torch
+        self.dtype = torch.bfloat16 if bf16 else torch.float32
         # GenLM's own loader (load_model_by_name) places the model with device_map="auto": the GPU when there is one.
         self.device = "cuda" if torch.cuda.is_available() else "cpu"
         self.llms: dict[str, Any] = {}
@@ -92,7 +94,8 @@ class GenLM:
 
             path = resolve(model.name)[1]
             hf = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=self.torch.float32)
-            self.llms[model.name] = AsyncTransformer(hf.to(self.device).eval(), plain_byte_level(model.tokenizer.hf))
+            hf = hf.to(self.device, self.dtype).eval()
+            self.llms[model.name] = AsyncTransformer(hf, plain_byte_level(model.tokenizer.hf))
             self.logs[model.name] = ForwardLog(self.llms[model.name])
         return self.llms[model.name]
 

@@ -65,7 +65,7 @@ def check_rows(rows, model_name, num_rows, variants):
 
 
 def test_profile_on_a_tiny_model():
-    variants = ("int8_upcast", "layout")  # the bf16 formats: the slow test (compile time)
+    variants = ("int8_upcast", "bf16_matmul", "layout")  # bf16_upcast and bf16 left out: compile time
     rows = bcp.profile(tiny_experts(2), "tiny", rows=3, repeats=2, num_particles=4, variants=variants,
                        log=lambda _: None)
     check_rows(rows, "tiny", 3, variants)

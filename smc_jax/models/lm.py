@@ -16,7 +16,16 @@ from smc_jax.models import transformer
 from smc_jax.models.cache import CacheCapacityError, KVCache, PrefixCache
 from smc_jax.models.config import ModelConfig
 from smc_jax.models.paged import PagedTransformer
-from smc_jax.models.params import Params, cast, is_split, stack_layers, unstack_layers
+from smc_jax.models.params import (
+    Params,
+    activation_dtype,
+    cast,
+    cast_matmuls,
+    check_float_dtype,
+    is_split,
+    stack_layers,
+    unstack_layers,
+)
 from smc_jax.models.tokenizer import Tokenizer, check_prompt
 
 MIN_PROMPT_BUCKET = 16
@@ -88,6 +97,12 @@ class LanguageModel:
 
     @property
     def dtype(self) -> Any:
+        """The activations' and the KV cache's dtype (`params.activation_dtype`)."""
+        return activation_dtype(self.params)
+
+    @property
+    def matmul_dtype(self) -> Any:
+        """The matmul weights' dtype: the products' inputs (float32 accumulation)."""
         return self.params["embed"].dtype
 
     def _tok(self) -> Tokenizer:
@@ -98,6 +113,13 @@ class LanguageModel:
     def astype(self, dtype: Any) -> LanguageModel:
         """The same model with params cast to `dtype` (e.g. jnp.bfloat16)."""
         return dataclasses.replace(self, params=cast(self.params, dtype))
+
+    def with_matmul_dtype(self, dtype: Any) -> LanguageModel:
+        """The same model with its matmul weights (kernels, embeddings, head) in `dtype` and the
+        rest as it is (`params.cast_matmuls`): jnp.bfloat16 under float32 activations reads half
+        the bytes per call and multiplies natively on XLA:CPU, at bfloat16's rounding of the
+        weights and of each product's inputs (docs/benchmarks.md measures both)."""
+        return dataclasses.replace(self, params=cast_matmuls(self.params, check_float_dtype(dtype, "matmul_dtype")))
 
     def paged(self) -> PagedTransformer:
         """The model behind the paged-model interface the samplers call (`models.contexts`).

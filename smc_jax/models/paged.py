@@ -26,7 +26,7 @@ from jaxtyping import Array, Float, Int
 
 from smc_jax.models.cache import PrefixCache
 from smc_jax.models.config import ModelConfig
-from smc_jax.models.params import Params
+from smc_jax.models.params import Params, activation_dtype
 from smc_jax.models.transformer import Keys, decoder, embed, output_logits
 
 
@@ -93,7 +93,8 @@ class PagedTransformer:
 
     @property
     def dtype(self) -> Any:
-        return self.params["embed"].dtype
+        """The activations' and the KV pool's dtype."""
+        return activation_dtype(self.params)
 
     def init_pool(self, capacity: int) -> KVPool:
         shape = (self.config.num_layers, capacity, self.config.num_kv_heads, self.config.head_dim)

@@ -152,6 +152,41 @@ def cast(params: Params, dtype: Any) -> Params:
     return jax.tree_util.tree_map(lambda x: jnp.asarray(x, dtype), params)
 
 
+def is_matmul_weight(path: tuple[Any, ...], leaf: Any) -> bool:
+    """Whether a leaf (at `path`, from `jax.tree_util.tree_flatten_with_path`) multiplies the
+    activations: a kernel, the token embeddings (the tied head) or the untied head."""
+    name = str(getattr(path[-1], "key", path[-1]))
+    return getattr(leaf, "ndim", 0) >= 2 and (name == "kernel" or str(path[0].key) in ("embed", "lm_head"))
+
+
+FLOAT_DTYPES = (jnp.float32, jnp.bfloat16)
+
+
+def check_float_dtype(dtype: Any, name: str = "dtype") -> Any:
+    """`dtype` if it is float32 or bfloat16, else a ValueError that says so (before any loading)."""
+    try:
+        dt = jnp.dtype(dtype)
+    except TypeError:
+        dt = None
+    if dt not in [jnp.dtype(d) for d in FLOAT_DTYPES]:
+        raise ValueError(f"{name} must be jnp.float32 or jnp.bfloat16 (or their names), got {dtype!r}")
+    return dt
+
+
+def cast_matmuls(params: Params, dtype: Any) -> Params:
+    """The matmul weights (`is_matmul_weight`) to `dtype`, the rest (norms, biases, positions)
+    kept: the model then multiplies in `dtype` with float32 accumulation and keeps its activations
+    in `activation_dtype` (see `transformer._dense`)."""
+    return jax.tree_util.tree_map_with_path(
+        lambda path, leaf: jnp.asarray(leaf, dtype) if is_matmul_weight(path, leaf) else leaf, params)
+
+
+def activation_dtype(params: Params) -> Any:
+    """The dtype of the activations and the KV cache: that of the norms (all float32 after
+    `cast_matmuls`; the params' dtype after `cast`)."""
+    return params["final_norm"]["scale"].dtype
+
+
 def to_device(flat: dict[str, np.ndarray], dtype: Any) -> Params:
     """Host arrays (flat) -> device params pytree in `dtype`."""
     return unflatten({path: jnp.asarray(array, dtype) for path, array in flat.items()})

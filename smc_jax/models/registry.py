@@ -22,7 +22,7 @@ import jax.numpy as jnp
 
 from smc_jax.models.gguf_loader import load_gguf_checkpoint
 from smc_jax.models.lm import DEFAULT_PROMPT_CAPACITY, LanguageModel
-from smc_jax.models.params import cast, unflatten, unstack_layers
+from smc_jax.models.params import cast, cast_matmuls, check_float_dtype, unflatten, unstack_layers
 from smc_jax.models.safetensors_loader import CONFIG_FILE, load_hf_checkpoint, read_hf_config
 from smc_jax.models.tokenizer import Tokenizer
 from smc_jax.models.weights_cache import Converted, cached_conversion
@@ -192,6 +192,7 @@ def load_model(
     *,
     prompt_capacity: int = DEFAULT_PROMPT_CAPACITY,
     split_layers: bool | None = None,
+    matmul_dtype: Any = None,
 ) -> LanguageModel:
     """Load a model and its tokenizer; params in `dtype` (float32 or bfloat16; logits are float32).
 
@@ -212,11 +213,17 @@ def load_model(
         Per-layer weight buffers (True) or weights stacked on a layer axis (False). None: split
         on the CPU backend, where a `lax.scan` over stacked weights copies each layer's slice
         (the forward is 14-18% faster split); stacked elsewhere (split is not measured there).
+    matmul_dtype : jax.numpy dtype or None
+        jnp.bfloat16: the matmul weights in bfloat16 under `dtype` activations
+        (`LanguageModel.with_matmul_dtype`); None: everything in `dtype`.
 
     Returns
     -------
     LanguageModel
     """
+    dtype = check_float_dtype(dtype)
+    if matmul_dtype is not None:
+        matmul_dtype = check_float_dtype(matmul_dtype, "matmul_dtype")
     kind, path = resolve(name_or_path)
     if kind == "gguf":
         name = _ALIASES.get(str(name_or_path).strip().lower()) or path.stem
@@ -235,9 +242,10 @@ def load_model(
         split_layers = jax.default_backend() == "cpu"
     if split_layers:  # split on the host: no second copy of the weights on the device
         host = unstack_layers(host)
+    params = cast(host, dtype)
     return LanguageModel(
         config=config,
-        params=cast(host, dtype),
+        params=params if matmul_dtype is None else cast_matmuls(params, matmul_dtype),
         tokenizer=tokenizer,
         name=name,
         source=str(path),

@@ -27,7 +27,9 @@ Three entry points share that body; they differ only in where the keys come from
     attends to the prompt cache, to its own continuation cache, and causally to its new tokens.
 
 Logits are float32 whatever the params dtype (the head matmul accumulates in float32), and the
-attention softmax runs in float32.
+attention softmax runs in float32. Every matmul runs in its weights' dtype with float32
+accumulation; activations keep the norms' dtype (`params.activation_dtype`), so bfloat16 matmul
+weights under float32 activations (`params.cast_matmuls`) halve the bytes a call reads.
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ from jaxtyping import Array, Bool, Float, Int
 
 from smc_jax.models.cache import PrefixCache
 from smc_jax.models.config import ModelConfig
-from smc_jax.models.params import Params, is_split
+from smc_jax.models.params import Params, activation_dtype, is_split
 
 F32 = jnp.float32
 # Score of a masked key. Finite, so a query with no visible key (a padding query) gets a uniform,
@@ -95,15 +97,23 @@ class _PerLayer(NamedTuple):
     index: Int[Array, ""]
 
 
+def _matmul(spec: str, x: Array, w: Array) -> Array:
+    """einsum(spec, x, w) in w's dtype with float32 accumulation, returned in x's dtype. With
+    bfloat16 weights under float32 activations (`params.cast_matmuls`) the inputs are rounded to
+    bfloat16 for the product only: XLA:CPU multiplies two bfloat16 operands natively, where a
+    float32 x bfloat16 product first converts the whole weight matrix."""
+    return jnp.einsum(spec, x.astype(w.dtype), w, preferred_element_type=F32).astype(x.dtype)
+
+
 def _dense(x: Array, p: dict[str, Array], spec: str) -> Array:
     kernel = p["kernel"]
     if isinstance(kernel, _PerLayer):
         # A switch over the layers: each branch multiplies by its layer's own buffer, which XLA
         # reads in place; a dynamic slice of a stacked array is first copied (on CPU).
-        branches = [lambda x, w=w: jnp.einsum(spec, x, w) for w in kernel.kernels]
+        branches = [lambda x, w=w: _matmul(spec, x, w) for w in kernel.kernels]
         y = jax.lax.switch(kernel.index, branches, x)
     else:
-        y = jnp.einsum(spec, x, kernel)
+        y = _matmul(spec, x, kernel)
     return y + p["bias"] if "bias" in p else y
 
 
@@ -292,8 +302,14 @@ def _leaf_columns(layers: tuple[Params, ...]) -> tuple[list[bool], list[tuple[Ar
 def embed(
     params: Params, config: ModelConfig, tokens: Int[Array, "rows tokens"], positions: Int[Array, "rows tokens"]
 ) -> Float[Array, "rows tokens d"]:
+    dtype = activation_dtype(params)
     table = params["embed"]
-    x = table[tokens] * jnp.asarray(config.embed_scale, table.dtype)
+    if table.dtype == dtype:
+        rows = table[tokens]
+    else:  # gather the bits: XLA:CPU would convert the whole table first, every call
+        bits = jnp.dtype(f"uint{8 * table.dtype.itemsize}")
+        rows = jax.lax.bitcast_convert_type(jax.lax.bitcast_convert_type(table, bits)[tokens], table.dtype)
+    x = rows.astype(dtype) * jnp.asarray(config.embed_scale, dtype)
     if config.learned_positions:
         x = x + params["pos_embed"][positions]
     return x
@@ -303,7 +319,7 @@ def output_logits(params: Params, config: ModelConfig, h: Float[Array, "*batch d
     """Final norm, then h @ head.T accumulated in float32 (optionally soft-capped)."""
     h = _norm(h, params["final_norm"], config)
     head = params["embed"] if config.tie_embeddings else params["lm_head"]
-    logits = jnp.einsum("...d,vd->...v", h, head, preferred_element_type=F32)
+    logits = jnp.einsum("...d,vd->...v", h.astype(head.dtype), head, preferred_element_type=F32)
     if config.final_softcap is not None:
         logits = jnp.tanh(logits / config.final_softcap) * config.final_softcap
     return logits

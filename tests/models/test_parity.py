@@ -238,3 +238,59 @@ def test_split_layers_match_stacked(arch, tiny):
         outputs.append((prefix.k, last, *model.decode(prefix, cache.k, cache.v, cache.length, jnp.asarray(tokens[:, 6]))))
     for a, b in zip(*outputs):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=ATOL, rtol=0)
+
+
+def bf16_matmul_reference(reference, tokens: np.ndarray) -> np.ndarray:
+    """transformers' float32 model with every matmul weight (Linear / Conv1D, the token embedding,
+    the head) and every matmul input rounded to bfloat16: products of bfloat16 values are exact in
+    float32, so this is a bfloat16 x bfloat16 -> float32 matmul up to the summation order."""
+    import copy
+
+    import torch
+
+    model = copy.deepcopy(reference)
+    rounded = lambda t: t.to(torch.bfloat16).to(torch.float32)
+    matmuls = [m for m in model.modules() if type(m).__name__ in ("Linear", "Conv1D")]
+    with torch.no_grad():
+        for module in [*matmuls, model.get_input_embeddings(), model.get_output_embeddings()]:
+            module.weight.copy_(rounded(module.weight))
+    for module in matmuls:
+        module.register_forward_pre_hook(lambda _, args: (rounded(args[0]), *args[1:]))
+    return tc.torch_logits(model, tokens)
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma3", "gpt2"])
+def test_bf16_matmuls_match_rounded_reference(arch, tiny):
+    """with_matmul_dtype(bfloat16): bfloat16 products with float32 accumulation, activations and
+    cache in float32. Equal to transformers with the weights and matmul inputs rounded to bfloat16
+    (independent), visibly different from float32, and the compiled forward multiplies bfloat16
+    operands: no float32 copy of a weight matrix."""
+    directory, reference = tiny(arch)
+    model = load_model(directory, matmul_dtype=jnp.bfloat16)
+    assert model.matmul_dtype == jnp.bfloat16 and model.dtype == jnp.float32
+    assert model.params["final_norm"]["scale"].dtype == jnp.float32
+    tokens = np.random.default_rng(11).integers(0, tc.VOCAB, size=(ROWS, SEQ))
+    got = np.asarray(model.forward(tokens))
+    assert got.dtype == np.float32
+    # A different summation order can move an activation across a bfloat16 rounding boundary
+    # (one bfloat16 step is 2^-8 relative): rare larger differences, a mean ~100x below float32's.
+    to_reference = np.abs(got - bf16_matmul_reference(reference, tokens))
+    assert to_reference.mean() < 1e-4 and to_reference.max() < 5e-3, (to_reference.mean(), to_reference.max())
+    assert np.abs(got - tc.torch_logits(reference, tokens)).mean() > 1e-3  # bfloat16 shows
+    positions = jnp.broadcast_to(jnp.arange(SEQ), tokens.shape)
+    text = jit_forward.lower(model.params, model.config, jnp.asarray(tokens), positions,
+                             jnp.ones(tokens.shape, bool)).compile().as_text()
+    weights = {tuple(w.shape) for w in jax.tree.leaves(model.params) if w.dtype == jnp.bfloat16}
+    upcast = [line for line in text.splitlines() if re.search(r"= f32\[(\d+,)*\d+\]\S* convert\(", line)
+              and tuple(int(d) for d in re.search(r"f32\[([\d,]+)\]", line)[1].split(",")) in weights]
+    assert upcast == []
+    prefix, last = model.prefill(tokens[0, :6].tolist())
+    assert prefix.k.dtype == jnp.float32 and last.dtype == jnp.float32
+    assert model.paged().init_pool(4).k.dtype == jnp.float32
+
+
+def test_matmul_dtype_is_checked_before_loading(tmp_path):
+    with pytest.raises(ValueError, match="matmul_dtype must be jnp.float32 or jnp.bfloat16"):
+        load_model(tmp_path / "missing.gguf", matmul_dtype=jnp.int8)
+    with pytest.raises(ValueError, match="dtype must be"):
+        load_model(tmp_path / "missing.gguf", dtype="float16")
