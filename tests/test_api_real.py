@@ -88,8 +88,15 @@ def test_byte_level_single_expert_reproduces_the_model(which, request):
     assert chi_square_pvalue(firsts, probs) > SIGNIFICANCE
 
 
-def test_product_weights_and_expert_logprobs_match_direct_forward_passes(smol):
-    """Without resampling, every weight is phi(x)/q(x); recompute both from full forward passes."""
+@pytest.mark.parametrize("precision", ["float32", "bf16_matmuls"])
+def test_product_weights_and_expert_logprobs_match_direct_forward_passes(smol, precision):
+    """Without resampling, every weight is phi(x)/q(x); recompute both from full forward passes
+    (of the same model: with bfloat16 matmuls, the cached decode path against the full forward)."""
+    # bfloat16 inputs make the two paths round differently (different summation orders cross
+    # different rounding boundaries): measured up to 0.035 nats over 4 tokens, so a looser check.
+    atol = 2e-3
+    if precision == "bf16_matmuls":
+        smol, atol = smol.with_matmul_dtype(jnp.bfloat16), 0.1
     result = sample([(smol, PHYSICIST), (smol, AUTHOR)], "product", level="token", num_particles=6,
                     max_length=4, ess_threshold=0.0, at_max_length="truncate", seed=3)
     eos = list(smol.tokenizer.eos_token_ids)
@@ -105,11 +112,11 @@ def test_product_weights_and_expert_logprobs_match_direct_forward_passes(smol):
         step_logp = np.stack(step_logp)  # [K, n + 1, V + 1]
         symbols = list(seq) + ([smol.config.vocab_size] if fin else [])
         per_expert = np.array([sum(step_logp[k, t, s] for t, s in enumerate(symbols)) for k in range(2)])
-        np.testing.assert_allclose(result.expert_logprobs[m], per_expert, atol=2e-3)
+        np.testing.assert_allclose(result.expert_logprobs[m], per_expert, atol=atol)
         # q(a | x) ∝ prod_k p_k(a | x)^(1/2): the product of the conditionals, renormalized
         log_local = 0.5 * step_logp.sum(0)
         log_q = sum(log_local[t, s] - np.logaddexp.reduce(log_local[t]) for t, s in enumerate(symbols))
-        np.testing.assert_allclose(result.log_weights[m], 0.5 * per_expert.sum() - log_q, atol=5e-3)
+        np.testing.assert_allclose(result.log_weights[m], 0.5 * per_expert.sum() - log_q, atol=2.5 * atol)
 
 
 def test_reproducible_per_seed(smol):
