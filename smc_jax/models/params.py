@@ -173,12 +173,12 @@ def check_float_dtype(dtype: Any, name: str = "dtype") -> Any:
     return dt
 
 
-def cast_matmuls(params: Params, dtype: Any) -> Params:
-    """The matmul weights (`is_matmul_weight`) to `dtype`, the rest (norms, biases, positions)
-    kept: the model then multiplies in `dtype` with float32 accumulation and keeps its activations
-    in `activation_dtype` (see `transformer._dense`)."""
+def cast_matmuls(params: Params, dtype: Any, rest: Any = None) -> Params:
+    """The matmul weights (`is_matmul_weight`) to `dtype`, the rest (norms, biases, positions) to
+    `rest` (None: kept), in one pass: the model then multiplies in `dtype` with float32
+    accumulation and keeps its activations in `activation_dtype` (see `transformer._matmul`)."""
     return jax.tree_util.tree_map_with_path(
-        lambda path, leaf: jnp.asarray(leaf, dtype) if is_matmul_weight(path, leaf) else leaf, params)
+        lambda path, leaf: jnp.asarray(leaf, dtype if is_matmul_weight(path, leaf) else rest), params)
 
 
 def activation_dtype(params: Params) -> Any:

@@ -242,10 +242,9 @@ def load_model(
         split_layers = jax.default_backend() == "cpu"
     if split_layers:  # split on the host: no second copy of the weights on the device
         host = unstack_layers(host)
-    params = cast(host, dtype)
     return LanguageModel(
         config=config,
-        params=params if matmul_dtype is None else cast_matmuls(params, matmul_dtype),
+        params=cast(host, dtype) if matmul_dtype is None else cast_matmuls(host, matmul_dtype, rest=dtype),
         tokenizer=tokenizer,
         name=name,
         source=str(path),

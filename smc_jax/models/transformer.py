@@ -97,12 +97,13 @@ class _PerLayer(NamedTuple):
     index: Int[Array, ""]
 
 
-def _matmul(spec: str, x: Array, w: Array) -> Array:
-    """einsum(spec, x, w) in w's dtype with float32 accumulation, returned in x's dtype. With
-    bfloat16 weights under float32 activations (`params.cast_matmuls`) the inputs are rounded to
-    bfloat16 for the product only: XLA:CPU multiplies two bfloat16 operands natively, where a
-    float32 x bfloat16 product first converts the whole weight matrix."""
-    return jnp.einsum(spec, x.astype(w.dtype), w, preferred_element_type=F32).astype(x.dtype)
+def _matmul(spec: str, x: Array, w: Array, out: Any = None) -> Array:
+    """einsum(spec, x, w) in w's dtype with float32 accumulation, returned in `out` (None: x's
+    dtype). With bfloat16 weights under float32 activations (`params.cast_matmuls`) the inputs are
+    rounded to bfloat16 for the product only: XLA:CPU multiplies two bfloat16 operands natively,
+    where a float32 x bfloat16 product first converts the whole weight matrix."""
+    y = jnp.einsum(spec, x.astype(w.dtype), w, preferred_element_type=F32)
+    return y.astype(x.dtype if out is None else out)
 
 
 def _dense(x: Array, p: dict[str, Array], spec: str) -> Array:
@@ -319,7 +320,7 @@ def output_logits(params: Params, config: ModelConfig, h: Float[Array, "*batch d
     """Final norm, then h @ head.T accumulated in float32 (optionally soft-capped)."""
     h = _norm(h, params["final_norm"], config)
     head = params["embed"] if config.tie_embeddings else params["lm_head"]
-    logits = jnp.einsum("...d,vd->...v", h.astype(head.dtype), head, preferred_element_type=F32)
+    logits = _matmul("...d,vd->...v", h, head, out=F32)
     if config.final_softcap is not None:
         logits = jnp.tanh(logits / config.final_softcap) * config.final_softcap
     return logits
