@@ -4,8 +4,8 @@ The two byte-SMC workloads of `compare_genlm.py` (smc_jax side, same settings: M
 beam width 5, prune threshold 0.05, prompts read as bytes from BOS, 39 bytes plus a forced EOS,
 ESS threshold 0.9, multinomial resampling, GenLM's product target p1 * p2): SmolLM2 x 2 prompts
 and SmolLM2 x Gemma 3. For each prefetch setting (`SamplerSettings.prefetch` = bytes looked
-ahead, `prefetch_rows` = rows beyond a call's padding, and children per particle,
-`smc_jax.api.PREFETCH_CHILDREN_PER_PARTICLE`: contexts one token below the best candidates,
+ahead, `prefetch_rows` = rows beyond a call's padding, and `prefetch_children` per particle:
+contexts one token below the best candidates,
 created in the same call by tree attention) it runs seeds 0..runs-1 after a
 warm-up seed and reports, per run, the sequential model calls (summed over the model groups,
 as they run one after the other), the rows computed (padding included), the contexts
@@ -31,7 +31,6 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import jax.numpy as jnp
 import numpy as np
 
-import smc_jax.api
 from benchmarks.common import save
 from smc_jax import load_model
 from smc_jax.api import EnsembleSampler, Expert
@@ -54,14 +53,14 @@ def _log_product(log_p):
 PRODUCT = CustomEnsemble(log_abs_f=_log_product, num_experts=2)
 
 
-def sampler_for(workload: str, models: dict, prefetch: int, prefetch_rows: int) -> EnsembleSampler:
+def sampler_for(workload: str, models: dict, prefetch: int, prefetch_rows: int, children: int = 1) -> EnsembleSampler:
     smol = models[SMOLLM2]
     experts = ((Expert(smol, PROMPTS[0]), Expert(models[GEMMA3], PROMPTS[0])) if workload == "smc-models"
                else (Expert(smol, PROMPTS[0]), Expert(smol, PROMPTS[1])))
     return EnsembleSampler(
         experts=experts, level="byte", f=PRODUCT, num_particles=10, max_length=39, at_max_length="eos",
         ess_threshold=0.9, resampler="multinomial", beam_width=5, prune_threshold=0.05, prompt_as_bytes=True,
-        prefetch=prefetch, prefetch_rows=prefetch_rows)
+        prefetch=prefetch, prefetch_rows=prefetch_rows, prefetch_children=children)
 
 
 def main() -> None:
@@ -81,8 +80,7 @@ def main() -> None:
     for workload in args.workloads:
         reference = {}
         for prefetch, extra, children in configs:
-            smc_jax.api.PREFETCH_CHILDREN_PER_PARTICLE = children  # read when a sampler is built
-            sampler = sampler_for(workload, models, prefetch, extra)
+            sampler = sampler_for(workload, models, prefetch, extra, children)
             sampler(WARMUP_SEED, allow_zero_weight=True)  # compilation
             results = []
             with count_compilations() as compiled:

@@ -126,6 +126,7 @@ from smc_jax.experts.byte import ByteExperts
 from smc_jax.models.contexts import bucket_sizes
 from smc_jax.models.lm import LanguageModel
 from smc_jax.models.paged import paged_decode
+from smc_jax.settings import SamplerSettings
 from smc_jax.smc.engine import run_jitted
 from smc_jax.utils.compilation import count_compilations
 
@@ -196,6 +197,8 @@ class Settings:
     max_tokens: int  # GenLM's max_tokens: byte SMC symbols plus the forced EOS; token SMC: exact length
     prefetch: int = 0  # smc_jax byte level: SamplerSettings.prefetch (0 = its default, off)
     prefetch_rows: int = 0
+    prefetch_slots: int = SamplerSettings.prefetch_slots  # per particle (the sampler's default)
+    prefetch_children: int = SamplerSettings.prefetch_children
     call_costs: bool = True  # measure the per-call decode seconds (the floor); False saves compilations
 
 
@@ -450,7 +453,8 @@ def workload_sampler(name: str, models: Callable[[str], LanguageModel], settings
     return EnsembleSampler(
         experts=workload_experts(name, models), level="byte", f=GENLM_PRODUCT, max_length=settings.max_tokens - 1,
         at_max_length="eos", beam_width=settings.beam_width, prune_threshold=settings.prune_threshold,
-        prompt_as_bytes=True, prefetch=settings.prefetch, prefetch_rows=settings.prefetch_rows, **common)
+        prompt_as_bytes=True, prefetch=settings.prefetch, prefetch_rows=settings.prefetch_rows,
+        prefetch_slots=settings.prefetch_slots, prefetch_children=settings.prefetch_children, **common)
 
 
 def plain_sampler(models: Callable[[str], LanguageModel], settings: Settings) -> EnsembleSampler:
@@ -581,6 +585,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--prefetch", type=int, default=0,
                         help="smc_jax byte level: calls also create the contexts the next N bytes may need (0: off)")
     parser.add_argument("--prefetch-rows", type=int, default=0, help="smc_jax byte level: rows a call may add to prefetch")
+    parser.add_argument("--prefetch-slots", type=int, default=SamplerSettings.prefetch_slots,
+                        help="smc_jax byte level, with --prefetch: prefetched contexts kept per particle")
+    parser.add_argument("--prefetch-children", type=int, default=SamplerSettings.prefetch_children,
+                        help="smc_jax byte level, with --prefetch: contexts per particle one token below the best candidates")
     parser.add_argument("--no-call-costs", action="store_true",
                         help="skip the per-call decode timings (no floor; fewer compilations)")
     parser.add_argument("--name", default="compare_genlm", help="results name: <out>/<name>.{json,md}")
@@ -591,8 +599,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
             parser.error(f"--{option.replace('_', '-')} must be >= 1")
     if args.torch_threads is not None and args.torch_threads < 1:
         parser.error("--torch-threads must be >= 1")
-    if args.prefetch < 0 or args.prefetch_rows < 0:
-        parser.error("--prefetch and --prefetch-rows must be >= 0")
+    if min(args.prefetch, args.prefetch_rows, args.prefetch_slots, args.prefetch_children) < 0:
+        parser.error("--prefetch, --prefetch-rows, --prefetch-slots and --prefetch-children must be >= 0")
+    if args.prefetch and args.prefetch_slots < 1:
+        parser.error("--prefetch needs --prefetch-slots >= 1")
     return args
 
 
@@ -633,7 +643,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         print("compare_genlm: --skip-genlm: running only the smc_jax side", file=sys.stderr)
     settings = Settings(runs=args.runs, beam_width=5, prune_threshold=0.05, particles=args.particles,
                         ess_threshold=0.9, max_tokens=args.max_tokens, prefetch=args.prefetch,
-                        prefetch_rows=args.prefetch_rows, call_costs=not args.no_call_costs)
+                        prefetch_rows=args.prefetch_rows, prefetch_slots=args.prefetch_slots,
+                        prefetch_children=args.prefetch_children, call_costs=not args.no_call_costs)
     loaded: dict[str, LanguageModel] = {}
 
     def models(name: str) -> LanguageModel:
@@ -698,7 +709,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         "genlm/smc_jax: ratio of mean seconds (> 1: smc_jax is faster) and smc_jax/genlm_calls: ratio of mean "
         "sequential model calls, each with a 95% percentile bootstrap interval [low, high]. GenLM's torch at "
         f"{'its default thread count' if args.torch_threads is None else f'{args.torch_threads} thread(s)'} "
-        f"({meta['threads']}). smc_jax byte prefetch: {args.prefetch} tokens, {args.prefetch_rows} extra rows. "
+        f"({meta['threads']}). smc_jax byte prefetch: {args.prefetch} tokens, {args.prefetch_rows} extra rows, "
+        f"{args.prefetch_slots} slots and {args.prefetch_children} children per particle. "
         f"smc_jax's layer weights: {', '.join(meta['layers'])}. Load average (1/5/15 min) before, between and after the sides: {load}. "
         "See the script's docstring for the conventions (same target, lengths, prompts).")
     print(save(args.name, rows, columns, meta, notes, appendix, directory=args.out))

@@ -59,10 +59,6 @@ CAPACITY_GROWTH = 2
 MAX_CAPACITY_SCALE = 64
 #: Starting byte-level context capacity per particle and unit of beam width.
 CONTEXTS_PER_BEAM_SLOT = 3
-#: Byte level with prefetching: the prefetch cache's size per particle (contexts per expert).
-PREFETCH_SLOTS_PER_PARTICLE = 4
-#: Byte level with prefetching: contexts prefetched one token below the best candidates, per particle.
-PREFETCH_CHILDREN_PER_PARTICLE = 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -330,8 +326,8 @@ class EnsembleSampler:
             # last tokens. Each context holds a sum tree of the vocabulary (2 MB for Gemma 3), so
             # this matters; a run that overflows is rerun with doubled capacities.
             num_contexts = (1 + CONTEXTS_PER_BEAM_SLOT * m * self.settings.beam_width) * scale
-            prefetch_slots = PREFETCH_SLOTS_PER_PARTICLE * m
-            prefetch_children = PREFETCH_CHILDREN_PER_PARTICLE * m
+            prefetch_slots = self.settings.prefetch_slots * m
+            prefetch_children = self.settings.prefetch_children * m
             if self.settings.prefetch:  # the prefetch cache keeps up to that many contexts alive
                 num_contexts += (prefetch_slots + prefetch_children) * scale
             num_entries = (2 * m * (max_tokens + 1) + num_contexts) * scale

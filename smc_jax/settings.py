@@ -76,13 +76,19 @@ class SamplerSettings:
         Byte level: when a step calls the model anyway, also create the contexts the next
         `prefetch` bytes may need (the tokens along the beams' likeliest continuations; 0 = off;
         `smc_jax.experts.byte.ByteExperts.prefetch_depth`), and after them, by tree attention
-        in the same call, likely tokens right after those (`smc_jax.api.PREFETCH_CHILDREN_PER_PARTICLE`).
-        Fewer sequential model calls; the same distributions, up to float rounding (a
-        prefetched context is computed in a batch of another size).
+        in the same call, likely tokens right after those (`prefetch_children`). Fewer
+        sequential model calls; the same distributions, up to float rounding (a prefetched
+        context is computed in a batch of another size).
     prefetch_rows : int
         Byte level, with `prefetch`: rows a call may add for prefetching beyond its batch's
         padding (0 = only fill the padding; the batch then takes the smallest size that holds
         them, at most 4 times the number of particles).
+    prefetch_slots : int
+        Byte level, with `prefetch`: prefetched contexts kept per particle and expert (the
+        prefetch cache holds `prefetch_slots * num_particles` candidates, heaviest first).
+    prefetch_children : int
+        Byte level, with `prefetch`: contexts per particle and expert prefetched one token below
+        the best candidates, by tree attention in the same call (0 = none).
     progress : bool
         Report each step to `smc_jax.smc.progress` listeners (a host callback per step).
     """
@@ -101,6 +107,8 @@ class SamplerSettings:
     prompt_as_bytes: bool = False
     prefetch: int = 0
     prefetch_rows: int = 0
+    prefetch_slots: int = 4
+    prefetch_children: int = 1
     progress: bool = False
 
     def __post_init__(self):
@@ -118,9 +126,14 @@ class SamplerSettings:
             raise ValueError(f"heal must be True or False, got {self.heal!r}")
         if not self.heal and self.level != "byte":
             raise ValueError("heal=False turns off the byte beams' token healing: it needs level='byte'")
-        counts = (self.prefetch, self.prefetch_rows)
+        counts = (self.prefetch, self.prefetch_rows, self.prefetch_slots, self.prefetch_children)
         if not all(isinstance(n, (int, np.integer)) and not isinstance(n, bool) and n >= 0 for n in counts):
-            raise ValueError(f"prefetch and prefetch_rows must be integers >= 0, got {self.prefetch!r}, {self.prefetch_rows!r}")
+            raise ValueError(
+                "prefetch, prefetch_rows, prefetch_slots and prefetch_children must be integers >= 0, got "
+                f"{self.prefetch!r}, {self.prefetch_rows!r}, {self.prefetch_slots!r}, {self.prefetch_children!r}"
+            )
+        if self.prefetch and self.prefetch_slots < 1:
+            raise ValueError("prefetch needs prefetch_slots >= 1 (the contexts it keeps per particle); or set prefetch=0")
         if self.prefetch and self.level != "byte":
             raise ValueError("prefetch creates the byte beams' contexts ahead of time: it needs level='byte'")
         if self.prompt_as_bytes and self.level != "byte":

@@ -127,6 +127,20 @@ def test_reproducible_per_seed(smol):
     assert a.texts != c.texts or not np.array_equal(a.log_weights, c.log_weights)
 
 
+def test_prefetch_settings_reach_the_byte_experts(smol):
+    common = dict(experts=(Expert(smol, PHYSICIST), Expert(smol, AUTHOR)), level="byte", num_particles=3,
+                  max_length=6, at_max_length="truncate", prompt_as_bytes=True, prefetch=4, prefetch_rows=4)
+    default = EnsembleSampler(**common).build()
+    assert (default.prefetch_slots, default.prefetch_children) == (4 * 3, 1 * 3)
+    sampler = EnsembleSampler(**common, prefetch_slots=2, prefetch_children=0)
+    group = sampler.build()
+    assert (group.prefetch_slots, group.prefetch_children, group.cache_slots) == (6, 0, 6)
+    assert group.num_contexts == default.num_contexts - (4 * 3 + 3) + 6  # the cache's contexts stay alive
+    result = sampler(0)
+    assert 0 < result.stats["prefetched"] and result.stats["model_calls"] > 0
+    assert np.isclose(result.weights.sum(), 1)
+
+
 def test_cross_tokenizer_byte_product(smol, gemma):
     result = sample([(smol, PHYSICIST), (gemma, PHYSICIST)], "product", level="byte", num_particles=4,
                     max_length=6, at_max_length="truncate", seed=0)

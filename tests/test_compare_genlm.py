@@ -63,11 +63,15 @@ def test_cli_defaults_and_options():
     assert args.prefetch == args.prefetch_rows == 0 and not args.no_call_costs
     args = parse_args(["--prefetch", "16", "--prefetch-rows", "64", "--no-call-costs", "--precision", "bf16-matmuls"])
     assert args.prefetch == 16 and args.prefetch_rows == 64 and args.no_call_costs and args.precision == "bf16-matmuls"
+    assert (args.prefetch_slots, args.prefetch_children) == (4, 1)  # the sampler's defaults
+    args = parse_args(["--prefetch", "8", "--prefetch-slots", "16", "--prefetch-children", "0"])
+    assert (args.prefetch_slots, args.prefetch_children) == (16, 0)
 
 
 @pytest.mark.parametrize("argv", [["--workloads", "nope"], ["--runs", "0"], ["--torch-threads", "0"],
                                   ["--max-tokens", "0"], ["--runs", "x"], ["--prefetch", "-1"],
-                                  ["--prefetch-rows", "-2"], ["--precision", "fp16"]])
+                                  ["--prefetch-rows", "-2"], ["--precision", "fp16"], ["--prefetch-children", "-1"],
+                                  ["--prefetch", "8", "--prefetch-slots", "0"]])
 def test_cli_rejects_bad_arguments(argv, capsys):
     with pytest.raises(SystemExit):
         parse_args(argv)

@@ -37,6 +37,9 @@ def test_sample_defaults_are_the_settings_defaults():
     ({"prefetch": 16, "level": "token"}, "prefetch"),
     ({"prefetch": -1, "level": "byte"}, "prefetch"),
     ({"prefetch": 16, "prefetch_rows": 1.5, "level": "byte"}, "prefetch_rows"),
+    ({"prefetch": 8, "prefetch_slots": -1, "level": "byte"}, "prefetch_slots"),
+    ({"prefetch": 8, "prefetch_slots": 0, "level": "byte"}, "prefetch_slots >= 1"),
+    ({"prefetch": 8, "prefetch_children": 2.0, "level": "byte"}, "prefetch_children"),
 ])
 def test_bad_settings_are_rejected_on_construction(changes, message):
     with pytest.raises(ValueError, match=message):
