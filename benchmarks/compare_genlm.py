@@ -233,21 +233,25 @@ def mean_interval(values: Sequence[float]) -> Interval:
 
 
 def ratio_interval(numerator: Sequence[float], denominator: Sequence[float], confidence: float = CONFIDENCE,
-                   resamples: int = BOOTSTRAP_RESAMPLES, seed: int = BOOTSTRAP_SEED) -> Ratio:
+                   resamples: int = BOOTSTRAP_RESAMPLES, seed: int = BOOTSTRAP_SEED, paired: bool = False) -> Ratio:
     """R = mean(numerator) / mean(denominator) and its percentile bootstrap interval: both samples
-    are resampled with replacement independently, R* = mean(num*) / mean(den*), and the interval
-    is the (1 -+ confidence) / 2 quantiles of R*. Without two values on each side: no interval.
+    are resampled with replacement independently (with `paired`, index i of both together),
+    R* = mean(num*) / mean(den*), and the interval is the (1 -+ confidence) / 2 quantiles of R*.
+    Without two values on each side: no interval.
 
     Parameters
     ----------
     numerator, denominator : sequence of float
-        Independent per-run values of the two sides (e.g. GenLM's and smc_jax's seconds).
+        Per-run values of the two sides (e.g. GenLM's and smc_jax's seconds): independent, or
+        with `paired` one per seed in the same order on both sides.
     confidence : float
         The interval's coverage.
     resamples : int
         Bootstrap resamples.
     seed : int
         Seed of the resampling (the interval is reproducible).
+    paired : bool
+        Resample pairs: the spread between seeds, shared by both sides, leaves the interval.
 
     Returns
     -------
@@ -255,14 +259,17 @@ def ratio_interval(numerator: Sequence[float], denominator: Sequence[float], con
         R with its interval (NaN bounds when a side has fewer than two values).
     """
     num, den = np.asarray(numerator, np.float64), np.asarray(denominator, np.float64)
+    if paired and num.shape != den.shape:
+        raise ValueError(f"paired runs need as many values on each side, got {num.size} and {den.size}")
     if num.size == 0 or den.size == 0:
         return Ratio(math.nan, math.nan, math.nan)
     value = float(num.mean() / den.mean())
     if num.size < 2 or den.size < 2:
         return Ratio(value, math.nan, math.nan)
     rng = np.random.default_rng(seed)
-    num_means = num[rng.integers(0, num.size, (resamples, num.size))].mean(axis=1)
-    den_means = den[rng.integers(0, den.size, (resamples, den.size))].mean(axis=1)
+    pick = rng.integers(0, num.size, (resamples, num.size))
+    num_means = num[pick].mean(axis=1)
+    den_means = den[pick if paired else rng.integers(0, den.size, (resamples, den.size))].mean(axis=1)
     with np.errstate(divide="ignore", invalid="ignore"):
         ratios = num_means / den_means
     low, high = np.quantile(ratios, [(1 - confidence) / 2, (1 + confidence) / 2])

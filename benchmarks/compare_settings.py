@@ -6,7 +6,8 @@ target with the same key. This script pairs them by seed and reports, per worklo
 
     time ratio = mean(B seconds) / mean(A seconds),   calls ratio = mean(B calls) / mean(A calls),
 
-each with a 95% *paired* percentile bootstrap interval: one resample draws seeds with
+each with a 95% *paired* percentile bootstrap interval (`compare_genlm.ratio_interval(...,
+paired=True)`): one resample draws seeds with
 replacement and takes both runs of every drawn seed, so the seed-to-seed spread (some samples
 make more calls than others) cancels out of the interval. < 1: B is faster (makes fewer calls).
 An interval that contains 1 shows no difference.
@@ -18,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -26,43 +26,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks.common import save
-from benchmarks.compare_genlm import BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED, CONFIDENCE, Ratio
-
-
-def paired_ratio_interval(numerator: Sequence[float], denominator: Sequence[float], confidence: float = CONFIDENCE,
-                          resamples: int = BOOTSTRAP_RESAMPLES, seed: int = BOOTSTRAP_SEED) -> Ratio:
-    """R = mean(numerator) / mean(denominator) over paired runs, with a percentile bootstrap
-    interval that resamples the pairs (index i of both sides together).
-
-    Parameters
-    ----------
-    numerator, denominator : sequence of float
-        One value per seed, in the same seed order on both sides.
-    confidence : float
-        The interval's coverage.
-    resamples : int
-        Bootstrap resamples.
-    seed : int
-        Seed of the resampling (the interval is reproducible).
-
-    Returns
-    -------
-    Ratio
-        R with its interval (NaN bounds with fewer than two pairs).
-    """
-    num, den = np.asarray(numerator, np.float64), np.asarray(denominator, np.float64)
-    if num.shape != den.shape:
-        raise ValueError(f"paired runs need as many values on each side, got {num.size} and {den.size}")
-    if num.size == 0:
-        return Ratio(math.nan, math.nan, math.nan)
-    value = float(num.mean() / den.mean())
-    if num.size < 2:
-        return Ratio(value, math.nan, math.nan)
-    pick = np.random.default_rng(seed).integers(0, num.size, (resamples, num.size))
-    with np.errstate(divide="ignore", invalid="ignore"):
-        ratios = num[pick].mean(axis=1) / den[pick].mean(axis=1)
-    low, high = np.quantile(ratios, [(1 - confidence) / 2, (1 + confidence) / 2])
-    return Ratio(value, float(low), float(high))
+from benchmarks.compare_genlm import CONFIDENCE, ratio_interval
 
 
 def _changed(a: dict[str, Any], b: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
@@ -85,10 +49,10 @@ def compare(a: dict[str, Any], b: dict[str, Any]) -> tuple[list[dict[str, Any]],
             continue
         out = {"workload": row_a["workload"], "runs": len(row_a["smc_jax_times"]),
                "a_s": float(np.mean(row_a["smc_jax_times"])), "b_s": float(np.mean(row_b["smc_jax_times"]))}
-        time = paired_ratio_interval(row_b["smc_jax_times"], row_a["smc_jax_times"])
+        time = ratio_interval(row_b["smc_jax_times"], row_a["smc_jax_times"], paired=True)
         out.update({"b/a time": time.format(3), "time_ratio": time.value, "time_low": time.low, "time_high": time.high})
         if "smc_jax_calls_per_run" in row_a and "smc_jax_calls_per_run" in row_b:
-            calls = paired_ratio_interval(row_b["smc_jax_calls_per_run"], row_a["smc_jax_calls_per_run"])
+            calls = ratio_interval(row_b["smc_jax_calls_per_run"], row_a["smc_jax_calls_per_run"], paired=True)
             out.update({"a_calls": float(np.mean(row_a["smc_jax_calls_per_run"])),
                         "b_calls": float(np.mean(row_b["smc_jax_calls_per_run"])), "b/a calls": calls.format(3),
                         "calls_ratio": calls.value, "calls_low": calls.low, "calls_high": calls.high})
