@@ -68,7 +68,8 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--workloads", nargs="+", choices=list(WORKLOADS), default=list(WORKLOADS))
     parser.add_argument("--configs", nargs="+", default=["/".join(map(str, c)) for c in CONFIGS],
-                        help="prefetch/prefetch_rows[/children per particle]; 0/0/0 (off) is always run first")
+                        help="prefetch/prefetch_rows[/children per particle, 0 if omitted (the sampler's default is 1)]; "
+                             "0/0/0 (off) is always run first")
     parser.add_argument("--name", default="bench_calls")
     args = parser.parse_args()
     configs = [tuple(int(v) for v in (c.split("/") + ["0"])[:3]) for c in args.configs]
