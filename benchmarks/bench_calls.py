@@ -53,7 +53,7 @@ def _log_product(log_p):
 PRODUCT = CustomEnsemble(log_abs_f=_log_product, num_experts=2)
 
 
-def sampler_for(workload: str, models: dict, prefetch: int, prefetch_rows: int, children: int = 1) -> EnsembleSampler:
+def sampler_for(workload: str, models: dict, prefetch: int, prefetch_rows: int, children: int) -> EnsembleSampler:
     smol = models[SMOLLM2]
     experts = ((Expert(smol, PROMPTS[0]), Expert(models[GEMMA3], PROMPTS[0])) if workload == "smc-models"
                else (Expert(smol, PROMPTS[0]), Expert(smol, PROMPTS[1])))

@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.common import save
+from benchmarks.common import markdown_table, save
 from benchmarks.compare_genlm import CONFIDENCE, ratio_interval
 
 
@@ -89,8 +89,6 @@ def main(argv: Sequence[str] | None = None) -> None:
                 "a_machine": a["meta"].get("machine"), "b_machine": b["meta"].get("machine")}
         print(save(args.name, rows, columns, meta, notes=notes, **extra))
     else:
-        from benchmarks.common import markdown_table
-
         print(notes + "\n\n" + markdown_table(rows, columns))
 
 
