@@ -64,11 +64,13 @@ REPLICATED: ParamRules = ((r".*", P()),)
 #: rows (attention heads, MLP hidden units), o and down by input columns, so each layer needs
 #: one all-reduce after attention and one after the MLP; the KV pool by KV heads, so each
 #: device stores and reads the keys/values of its own heads. Embeddings and norms replicated.
+#: The split layout's fused kernels (qkv, gate_up: `params.FUSED`) are split by rows too, which is
+#: correct but not head-aligned (their slices move between devices): shard the stacked layout.
 #: Needs a model axis dividing the number of KV heads and the MLP width.
 TENSOR_PARALLEL: ParamRules = (
     (r"pool/(k|v)", P(MODEL, None)),
-    (r"layers/(\d+/)?(q|k|v|gate|up)/kernel", P(MODEL, None)),
-    (r"layers/(\d+/)?(q|k|v|gate|up)/bias", P(MODEL)),
+    (r"layers/(\d+/)?(q|k|v|gate|up|qkv|gate_up)/kernel", P(MODEL, None)),
+    (r"layers/(\d+/)?(q|k|v|gate|up|qkv|gate_up)/bias", P(MODEL)),
     (r"layers/(\d+/)?(o|down)/kernel", P(None, MODEL)),
     (r"layers/(\d+/)?(o|down)/bias", P()),
     (r"layers/(\d+/)?\w+_norm/(scale|bias)", P()),

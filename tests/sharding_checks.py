@@ -223,7 +223,7 @@ def check_tensor_parallel(smc: SMC, experts, ensemble, mesh, seed: int) -> None:
     split = experts.replace(model=experts.model.replace(params=unstack_layers(experts.model.params)))
     assert_same_run(single, run_sharded(smc, key, split, ensemble, mesh, rules="tensor_parallel"))
     _, (_, split_sharding, _) = sharded_runner(smc, key, split, ensemble, mesh, rules="tensor_parallel")
-    assert split_sharding.model.params["layers"][0]["q"]["kernel"].spec == P("model", None)
+    assert split_sharding.model.params["layers"][0]["qkv"]["kernel"].spec == P("model", None)  # fused
     print(f"tensor parallel (4 x 2 mesh), token experts, stacked and split layers: identical to 1 device "
           f"({time.perf_counter() - start:.1f} s)")
 

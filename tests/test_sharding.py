@@ -126,11 +126,12 @@ def test_tensor_parallel_rules_split_heads_and_mlp_units():
     assert layers["down"]["kernel"] == P(None, None, "model")
     assert layers["attn_norm"]["scale"] == P(None, None)
     assert specs["embed"] == P(None, None)
-    # Split layers (load_model's CPU default): one dict per layer, the same rules on the trailing axes.
+    # Split layers (load_model's CPU default): one dict per layer, the same rules on the trailing
+    # axes, q/k/v and gate/up fused and split by rows like their parts.
     split = param_specs(unstack_layers(random_params(CONFIG, jax.random.key(0))), mesh, "tensor_parallel")
     assert len(split["layers"]) == CONFIG.num_layers
     for layer in split["layers"]:
-        assert layer["q"]["kernel"] == layer["up"]["kernel"] == P("model", None)
+        assert layer["qkv"]["kernel"] == layer["gate_up"]["kernel"] == P("model", None)
         assert layer["o"]["kernel"] == layer["down"]["kernel"] == P(None, "model")
         assert layer["attn_norm"]["scale"] == P(None)
     replicated = param_specs(abstract_params(), mesh)

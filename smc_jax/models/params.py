@@ -20,6 +20,10 @@ difference shown at 5; 2026-11-26, docs/benchmarks.md).
       k, v {kernel [L, K * hd, D], bias [L, K * hd]}
       o {kernel [L, D, H * hd], bias [L, D]}
       gate, up {kernel [L, F, D], bias [L, F]}; down {kernel [L, D, F], bias [L, D]}
+
+The split layout (`unstack_layers`, load_model's CPU default) holds "layers" as a tuple of
+per-layer dicts without the layer axis, with q/k/v as qkv {kernel [(H + 2K) * hd, D]} and gate/up
+as gate_up {kernel [2F, D]} (`FUSED`; biases alike).
 """
 
 from __future__ import annotations
@@ -120,20 +124,71 @@ def is_split(params: Params) -> bool:
     return isinstance(params[LAYERS], tuple)
 
 
+#: Projections of the same input that the split layout holds as one kernel: one matmul (and one
+#: layer switch) instead of three or two, whose output slices are the parts' outputs, bit for bit
+#: (SmolLM2 and Gemma 3 on CPU, float32 and bfloat16). The decoder's call is 6-10% faster on CPU
+#: (docs/benchmarks.md, 2026-11-27).
+FUSED = {"qkv": ("q", "k", "v"), "gate_up": ("gate", "up")}
+
+
+def _xp(array: Any) -> Any:
+    """numpy for host arrays (split or fused on the host: no device copy of the weights), else jnp."""
+    return np if isinstance(array, np.ndarray) else jnp
+
+
+def fuse_projections(layer: Params) -> Params:
+    """One layer's q, k, v as "qkv" and gate, up as "gate_up": kernels [out, in] (and biases)
+    concatenated on the output axis, in the order of `FUSED`."""
+    layer = dict(layer)
+    for fused, parts in FUSED.items():
+        if all(part in layer for part in parts):
+            pieces = [layer.pop(part) for part in parts]
+            layer[fused] = {leaf: _xp(pieces[0][leaf]).concatenate([piece[leaf] for piece in pieces], axis=0)
+                            for leaf in pieces[0]}
+    return layer
+
+
+def _fused_sizes(layer: Params) -> dict[str, tuple[int, ...]]:
+    """The output rows of each part of a fused layer's kernels: q has o's input width and k, v
+    share the rest; gate and up are halves."""
+    sizes = {}
+    if "qkv" in layer:
+        rows, q = layer["qkv"]["kernel"].shape[-2], layer["o"]["kernel"].shape[-1]
+        sizes["qkv"] = (q, (rows - q) // 2, (rows - q) // 2)
+    if "gate_up" in layer:
+        half = layer["gate_up"]["kernel"].shape[-2] // 2
+        sizes["gate_up"] = (half, half)
+    return sizes
+
+
+def unfuse_projections(layer: Params) -> Params:
+    """Inverse of `fuse_projections`."""
+    layer = dict(layer)
+    for fused, sizes in _fused_sizes(layer).items():
+        bounds = np.cumsum(sizes)[:-1]
+        pieces = {leaf: _xp(value).split(value, bounds) for leaf, value in layer.pop(fused).items()}
+        for i, part in enumerate(FUSED[fused]):
+            layer[part] = {leaf: split[i] for leaf, split in pieces.items()}
+    return layer
+
+
 def unstack_layers(params: Params) -> Params:
-    """"layers" as a tuple of per-layer dicts (each weight its own buffer; see `transformer.decoder`)."""
+    """"layers" as a tuple of per-layer dicts, each weight its own buffer and the projections of
+    `FUSED` fused (see `transformer.decoder`)."""
     if is_split(params):
         return params
     layers = params[LAYERS]
     count = jax.tree_util.tree_leaves(layers)[0].shape[0]
-    return {**params, LAYERS: tuple(jax.tree_util.tree_map(lambda a, i=i: a[i], layers) for i in range(count))}
+    return {**params, LAYERS: tuple(fuse_projections(jax.tree_util.tree_map(lambda a, i=i: a[i], layers))
+                                    for i in range(count))}
 
 
 def stack_layers(params: Params) -> Params:
-    """Inverse of `unstack_layers`: per-layer leaves stacked on a leading layer axis."""
+    """Inverse of `unstack_layers`: per-layer leaves, unfused, stacked on a leading layer axis."""
     if not is_split(params):
         return params
-    return {**params, LAYERS: jax.tree_util.tree_map(lambda *a: jnp.stack(a), *params[LAYERS])}
+    layers = [unfuse_projections(layer) for layer in params[LAYERS]]
+    return {**params, LAYERS: jax.tree_util.tree_map(lambda *a: jnp.stack(a), *layers)}
 
 
 def random_params(config: ModelConfig, key: jax.Array, scale: float = 0.3, dtype: Any = jnp.float32) -> Params:

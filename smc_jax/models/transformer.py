@@ -18,7 +18,8 @@ The layers are stacked and run with `jax.lax.scan`; per-layer RoPE frequencies, 
 sliding/global flags are arrays scanned alongside the weights, so one layer body is compiled.
 Params whose "layers" entry is a tuple of per-layer dicts (`params.unstack_layers`) run the same
 scan over the layer index, each matmul switching to its layer's own buffer: no per-layer weight
-copies, faster steps on CPU (see `decoder`).
+copies, faster steps on CPU (see `decoder`); there q/k/v and gate/up are one kernel each
+(`params.FUSED`), whose output slices are the parts' outputs.
 
 Three entry points share that body; they differ only in where the keys come from:
   * `forward`: a batch of sequences attends to itself (no cache).
@@ -34,6 +35,7 @@ weights under float32 activations (`params.cast_matmuls`) halve the bytes a call
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
@@ -102,7 +104,14 @@ def _matmul(spec: str, x: Array, w: Array, out: Any = None) -> Array:
     dtype). With bfloat16 weights under float32 activations (`params.cast_matmuls`) the inputs are
     rounded to bfloat16 for the product only: XLA:CPU multiplies two bfloat16 operands natively,
     where a float32 x bfloat16 product first converts the whole weight matrix."""
-    y = jnp.einsum(spec, x.astype(w.dtype), w, preferred_element_type=F32)
+    product = lambda x: jnp.einsum(spec, x.astype(w.dtype), w, preferred_element_type=F32)
+    if math.prod(x.shape[:-1]) == 1 and w.dtype == jnp.bfloat16 and jax.default_backend() == "cpu":
+        # XLA:CPU turns a one-row bfloat16 matmul into a multiply-and-sum, several times slower
+        # than a two-row matmul (a plain SmolLM2 sample: 2.1 s against 1.1 s): multiply the row
+        # beside a zero row, as it would be multiplied in any batch of two.
+        y = jax.vmap(product)(jnp.stack([x, jnp.zeros_like(x)]))[0]
+    else:
+        y = product(x)
     return y.astype(x.dtype if out is None else out)
 
 
@@ -184,8 +193,12 @@ def _attend(
 
 def _mlp(x: Float[Array, "rows tokens d"], lp: Params, config: ModelConfig) -> Float[Array, "rows tokens d"]:
     act = _ACTIVATIONS[config.activation]
-    up = _dense(x, lp["up"], "rtd,fd->rtf")
-    hidden = act(_dense(x, lp["gate"], "rtd,fd->rtf")) * up if config.mlp == "gated" else act(up)
+    if "gate_up" in lp:  # fused (`params.FUSED`)
+        gate, up = jnp.split(_dense(x, lp["gate_up"], "rtd,fd->rtf"), 2, axis=-1)
+        hidden = act(gate) * up
+    else:
+        up = _dense(x, lp["up"], "rtd,fd->rtf")
+        hidden = act(_dense(x, lp["gate"], "rtd,fd->rtf")) * up if config.mlp == "gated" else act(up)
     return _dense(hidden, lp["down"], "rtf,df->rtd")
 
 
@@ -251,9 +264,14 @@ def decoder(
         lp, meta, kv = xs
         h = _norm(x, lp["attn_norm"], config) if config.pre_norms else x
         heads = (*x.shape[:2], -1, config.head_dim)
-        q = _dense(h, lp["q"], "rtd,nd->rtn").reshape(heads)
-        k = _dense(h, lp["k"], "rtd,nd->rtn").reshape(heads)
-        v = _dense(h, lp["v"], "rtd,nd->rtn").reshape(heads)
+        if "qkv" in lp:  # fused (`params.FUSED`): one matmul, sliced
+            q_rows, kv_rows = config.num_heads * config.head_dim, config.num_kv_heads * config.head_dim
+            qkv = _dense(h, lp["qkv"], "rtd,nd->rtn")
+            q, k, v = (y.reshape(heads) for y in jnp.split(qkv, [q_rows, q_rows + kv_rows], axis=-1))
+        else:
+            q = _dense(h, lp["q"], "rtd,nd->rtn").reshape(heads)
+            k = _dense(h, lp["k"], "rtd,nd->rtn").reshape(heads)
+            v = _dense(h, lp["v"], "rtd,nd->rtn").reshape(heads)
         if config.qk_norm:
             q, k = _qk_norm(q, lp["q_norm"], config), _qk_norm(k, lp["k_norm"], config)
         if config.rope is not None:

@@ -240,6 +240,54 @@ def test_split_layers_match_stacked(arch, tiny):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=ATOL, rtol=0)
 
 
+def _dots(text: str) -> list[str]:
+    return [line for line in text.splitlines() if re.search(r"= \S+ dot\(", line)]
+
+
+@pytest.mark.parametrize("arch", ["llama_bias", "qwen2", "gpt2"])
+def test_split_layout_fuses_projections(arch, tiny):
+    """The split layout holds q/k/v (and gate/up where the MLP is gated) as one kernel each, with
+    their biases: stacking again restores the checkpoint's params exactly, the split model's
+    logits equal the stacked model's, and its layers make 4 weight matmuls each."""
+    directory, _ = tiny(arch)
+    stacked = load_model(directory, split_layers=False)
+    split = stacked.with_split_layers()
+    gated = stacked.config.mlp == "gated"
+    for layer in split.params["layers"]:
+        assert "qkv" in layer and not {"q", "k", "v"} & set(layer)
+        assert ("gate_up" in layer) == gated and not ({"gate", "up"} & set(layer) and gated)
+    if stacked.config.qkv_bias:
+        assert split.params["layers"][0]["qkv"]["bias"].shape == (split.params["layers"][0]["qkv"]["kernel"].shape[0],)
+    again = split.with_split_layers(False).params
+    assert jax.tree.structure(again) == jax.tree.structure(stacked.params)
+    for a, b in zip(jax.tree.leaves(again), jax.tree.leaves(stacked.params)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    tokens = np.random.default_rng(3).integers(0, tc.VOCAB, size=(2, SEQ))
+    np.testing.assert_allclose(np.asarray(split.forward(tokens)), np.asarray(stacked.forward(tokens)), atol=ATOL, rtol=0)
+    tokens, positions, mask = _full(tokens)
+    program = lambda model: jit_forward.lower(model.params, model.config, tokens, positions, mask).compile().as_text()
+    # The weight matmuls are the branches of the layer switches: qkv, o, gate_up (or up), down,
+    # where the unfused layout has 7 (or 6).
+    weight_dots = [line for line in _dots(program(split)) if "/cond/branch_" in line]
+    assert len(weight_dots) == stacked.config.num_layers * 4
+
+
+def test_one_bf16_row_is_multiplied_as_in_a_batch(tiny):
+    """XLA:CPU multiplies a single bfloat16 row far slower than two, so a one-row call multiplies
+    it beside a zero row: no bfloat16 matmul of one row is compiled, and the row's logits equal
+    those of the same row in a batch of two."""
+    directory, _ = tiny("llama")
+    model = load_model(directory, matmul_dtype=jnp.bfloat16)
+    one, two = np.array([[5]]), np.array([[5], [9]])
+    np.testing.assert_array_equal(np.asarray(model.forward(one))[0], np.asarray(model.forward(two))[0])
+    text = jit_forward.lower(model.params, model.config, *_full(one)).compile().as_text()
+    # The weight matmuls: the layer switches' branches and the head; f32[rows, out] results.
+    weight_dots = [line for line in _dots(text) if "/cond/branch_" in line or "d,vd->" in line]
+    assert len(weight_dots) == model.config.num_layers * 4 + 1
+    if jax.default_backend() == "cpu":
+        assert not [line for line in weight_dots if re.search(r"= f32\[1,", line)], weight_dots
+
+
 def bf16_matmul_reference(reference, tokens: np.ndarray) -> np.ndarray:
     """transformers' float32 model with every matmul weight (Linear / Conv1D, the token embedding,
     the head) and every matmul input rounded to bfloat16: products of bfloat16 values are exact in
