@@ -126,8 +126,8 @@ def is_split(params: Params) -> bool:
 
 #: Projections of the same input that the split layout holds as one kernel: one matmul (and one
 #: layer switch) instead of three or two, whose output slices are the parts' outputs, bit for bit
-#: (SmolLM2 and Gemma 3 on CPU, float32 and bfloat16). The decoder's call is 6-10% faster on CPU
-#: (docs/benchmarks.md, 2026-11-27).
+#: (SmolLM2 and Gemma 3 on CPU, float32 and bfloat16). Byte and token SMC runs on CPU take
+#: 0.80-0.92x the time (docs/benchmarks.md, 2026-11-27).
 FUSED = {"qkv": ("q", "k", "v"), "gate_up": ("gate", "up")}
 
 
