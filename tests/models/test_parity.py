@@ -255,7 +255,10 @@ def test_split_layout_fuses_projections(arch, tiny):
     gated = stacked.config.mlp == "gated"
     for layer in split.params["layers"]:
         assert "qkv" in layer and not {"q", "k", "v"} & set(layer)
-        assert ("gate_up" in layer) == gated and not ({"gate", "up"} & set(layer) and gated)
+        if gated:
+            assert "gate_up" in layer and not {"gate", "up"} & set(layer)
+        else:  # GPT-2: one up projection, nothing to fuse
+            assert "up" in layer and "gate_up" not in layer
     if stacked.config.qkv_bias:
         assert split.params["layers"][0]["qkv"]["bias"].shape == (split.params["layers"][0]["qkv"]["kernel"].shape[0],)
     again = split.with_split_layers(False).params
@@ -282,9 +285,9 @@ def test_one_bf16_row_is_multiplied_as_in_a_batch(tiny):
     np.testing.assert_array_equal(np.asarray(model.forward(one))[0], np.asarray(model.forward(two))[0])
     text = jit_forward.lower(model.params, model.config, *_full(one)).compile().as_text()
     # The weight matmuls: the layer switches' branches and the head; f32[rows, out] results.
-    weight_dots = [line for line in _dots(text) if "/cond/branch_" in line or "d,vd->" in line]
-    assert len(weight_dots) == model.config.num_layers * 4 + 1
-    if jax.default_backend() == "cpu":
+    if jax.default_backend() == "cpu":  # (other backends may rewrite a one-row product as they like)
+        weight_dots = [line for line in _dots(text) if "/cond/branch_" in line or "d,vd->" in line]
+        assert len(weight_dots) == model.config.num_layers * 4 + 1
         assert not [line for line in weight_dots if re.search(r"= f32\[1,", line)], weight_dots
 
 
