@@ -606,10 +606,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
             parser.error(f"--{option.replace('_', '-')} must be >= 1")
     if args.torch_threads is not None and args.torch_threads < 1:
         parser.error("--torch-threads must be >= 1")
-    if min(args.prefetch, args.prefetch_rows, args.prefetch_slots, args.prefetch_children) < 0:
-        parser.error("--prefetch, --prefetch-rows, --prefetch-slots and --prefetch-children must be >= 0")
-    if args.prefetch and args.prefetch_slots < 1:
-        parser.error("--prefetch needs --prefetch-slots >= 1")
+    try:  # the sampler's own checks of the byte-level prefetch settings, before any loading
+        SamplerSettings(level="byte", prefetch=args.prefetch, prefetch_rows=args.prefetch_rows,
+                        prefetch_slots=args.prefetch_slots, prefetch_children=args.prefetch_children)
+    except ValueError as err:
+        parser.error(f"--prefetch*: {err}")
     return args
 
 
