@@ -89,7 +89,9 @@ HEAL_OFF_CASES = {
 }
 
 
-# Recorded at commit 01727a1 (before the refactor) on CPU.
+# Recorded at commit 01727a1 (before the refactor) on CPU; the two token-level runs (smol-token-0,
+# smol-local-1) re-recorded when token draws over large vocabularies took two exact stages
+# (`smc.draw`): same distribution, other samples per key. Every other run is unchanged.
 RECORDED: dict[str, dict] = {'toy-product-alg1-0': {'texts': ['bcb', 'cca', 'cca', 'ccaa', 'bcb', 'cca', 'ccaa', 'caba'],
                         'log_weights': [-0.9963891506195068,
                                         -1.1164650917053223,
@@ -137,11 +139,12 @@ RECORDED: dict[str, dict] = {'toy-product-alg1-0': {'texts': ['bcb', 'cca', 'cca
                                  -0.7342747449874878],
                  'log_Z': -1.0408725889019552,
                  'resampled': 1},
- 'smol-token-0': {'texts': [' Colby Cresques or', ' Colby Cresques.', ' Colby Cresavo'],
-                  'log_weights': [-19.24919891357422, -2.866154670715332, -13.254578590393066],
-                  'log_Z': -3.9647360963163427,
-                  'resampled': 1},
- 'smol-local-1': {'texts': [' an alpaca, but', " no exception. She's a", ' Qui! Qui mach'],
+ 'smol-token-0': {'texts': [' **Alice** here. Sp', ' Steve Brownell (Genetic Engineering',
+                            ' a Longfellow college student'],
+                  'log_weights': [-28.399375915527344, -17.663009643554688, -13.943570137023926],
+                  'log_Z': -15.018223661062732,
+                  'resampled': 0},
+ 'smol-local-1': {'texts': [' the renowned Dr. Paul Hoffman', ' John Doe.\n\n', ' iJakeRick.'],
                   'log_weights': [0.0, 0.0, 0.0],
                   'log_Z': None,
                   'resampled': 0},

@@ -51,6 +51,9 @@ F32 = jnp.float32
 # Score of a masked key. Finite, so a query with no visible key (a padding query) gets a uniform,
 # harmless distribution instead of NaN; `where` (not addition) keeps it from overflowing.
 MASK_VALUE = float(jnp.finfo(F32).min)
+#: `unroll` of the layer `lax.scan` (1: rolled; True: unrolled). Read at trace time. Rolled is
+#: faster on CPU (token SMC 3.59 s against 4.03 s, and a third of the warm-up).
+LAYER_SCAN_UNROLL: int | bool = 1
 
 
 class Keys(NamedTuple):
@@ -294,7 +297,7 @@ def decoder(
 
     layers, meta = params["layers"], _layer_meta(config)
     if not is_split(params):
-        return jax.lax.scan(layer, x, (layers, meta, context_kv))
+        return jax.lax.scan(layer, x, (layers, meta, context_kv), unroll=LAYER_SCAN_UNROLL)
     # Per-layer buffers (`params.unstack_layers`): the same scan, over the layer index; each matmul
     # switches to its layer's own kernel (`_PerLayer`), which XLA reads in place, where a layer's
     # slice of a stacked kernel is first copied on CPU (the forward is 14-18% faster there).
@@ -307,7 +310,7 @@ def decoder(
         leaves = [_PerLayer(column, index) if kernel else next(rest) for column, kernel in zip(columns, is_kernel)]
         return layer(x, (jax.tree_util.tree_unflatten(treedef, leaves), meta, kv))
 
-    return jax.lax.scan(switched, x, (small, jnp.arange(len(layers)), meta, context_kv))
+    return jax.lax.scan(switched, x, (small, jnp.arange(len(layers)), meta, context_kv), unroll=LAYER_SCAN_UNROLL)
 
 
 def _leaf_columns(layers: tuple[Params, ...]) -> tuple[list[bool], list[tuple[Array, ...]], Any]:

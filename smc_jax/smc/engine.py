@@ -51,6 +51,7 @@ from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray
 from smc_jax.ensemble import Ensemble
 from smc_jax.experts.base import ExpertGroup, expert_failure, expert_heal_eos, expert_stats, stack_experts
 from smc_jax.smc import progress as progress_hooks
+from smc_jax.smc.draw import draw_symbols
 from smc_jax.smc.resampling import effective_sample_size, get_resampler, resample_within
 from smc_jax.smc.result import SMCResult, ZeroWeightError
 from smc_jax.smc.state import PAD_SYMBOL, SMCState, Trace, empty_trace
@@ -256,12 +257,9 @@ class SMC:
         """
         eos = logp.shape[-1] - 1
         logits = self.proposal_logits(state, logp, ensemble)
-        log_norm = jax.nn.logsumexp(logits, axis=-1)  # log sum_a psi(a | x)
+        symbols, log_norm = draw_symbols(key, logits)  # a ~ q(a | x), log sum_a psi(a | x)
         viable = jnp.isfinite(log_norm)
-        is_eos = jnp.arange(eos + 1) == eos
-        log_q = jnp.where(viable[:, None], logits - log_norm[:, None], jnp.where(is_eos, 0.0, -jnp.inf))
-        symbols = jax.random.categorical(key, log_q, axis=-1).astype(jnp.int32)
-        symbols = jnp.where(~state.done, symbols, eos)
+        symbols = jnp.where(~state.done & viable, symbols, eos)
         return Proposal(symbols=symbols, log_norm=log_norm, viable=viable)
 
     def reweight(self, state: SMCState, experts: ExpertGroup, logp: Float[Array, "M K A1"], proposal: Proposal) -> SMCState:

@@ -47,6 +47,24 @@ def test_forward_matches_transformers(arch, tiny):
     np.testing.assert_allclose(np.asarray(got), expected, atol=ATOL, rtol=0)
 
 
+def test_unrolled_layer_loop_matches_rolled(tiny, monkeypatch):
+    """`transformer.LAYER_SCAN_UNROLL` (read at trace time) unrolls the layer loop: no while
+    loop is left in the program, and the logits are the rolled loop's."""
+    directory, _ = tiny("llama")
+    config, params = _load(directory)
+    tokens = _full(np.random.default_rng(2).integers(0, tc.VOCAB, size=(ROWS, SEQ)))
+
+    def run():  # a new jit each time, so the knob's value is traced
+        jitted = jax.jit(lambda p, *t: transformer.forward(p, config, *t))
+        return np.asarray(jitted(params, *tokens)), jitted.lower(params, *tokens).as_text()
+
+    rolled, rolled_text = run()
+    monkeypatch.setattr(transformer, "LAYER_SCAN_UNROLL", True)
+    unrolled, unrolled_text = run()
+    assert "while" in rolled_text and "while" not in unrolled_text
+    np.testing.assert_allclose(unrolled, rolled, atol=ATOL, rtol=0)
+
+
 def test_gemma3_window_is_exercised(tiny):
     """The Gemma 3 tiny config mixes sliding and global layers, and the window is shorter than
     the sequences, so ignoring the window (or applying it everywhere) changes the logits."""
