@@ -17,6 +17,7 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from smc_jax.ensemble import NAMED_TAUS, make_ensemble
 from smc_jax.models.tokenizer import check_prompt
@@ -106,16 +107,28 @@ def _short(text: str, width: int = TEXT_WIDTH) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
-def _load_models(names: Sequence[str], bf16: bool, bar, bf16_matmuls: bool = False) -> dict:
+def precision_of(args: argparse.Namespace) -> dict[str, Any]:
+    """`load_model`'s precision arguments for --bf16 or --bf16-matmuls (float32 for neither).
+
+    Parameters
+    ----------
+    args : argparse.Namespace
+        The parsed `smc-jax sample` arguments.
+    """
     import jax.numpy as jnp
 
+    if args.bf16:
+        return {"dtype": jnp.bfloat16}
+    return {"matmul_dtype": jnp.bfloat16} if args.bf16_matmuls else {}
+
+
+def _load_models(names: Sequence[str], bar, **precision: Any) -> dict:
     from smc_jax.models import load_model
 
     models = {}
     for name in dict.fromkeys(names):
         bar.set_description(f"loading {name}")
-        model = load_model(name, matmul_dtype=jnp.bfloat16 if bf16_matmuls else None)
-        models[name] = model.astype(jnp.bfloat16) if bf16 else model
+        models[name] = load_model(name, **precision)
         bar.update(1)
     return models
 
@@ -184,7 +197,7 @@ def run_sample(args: argparse.Namespace) -> int:
     pairs, settings = validate(args)
     constraints = _compile_constraints(args)  # bad patterns fail here, before any model loads
     with tqdm(total=len({m for m, _ in pairs}), unit="model", file=sys.stderr, disable=args.json) as bar:
-        models = _load_models([m for m, _ in pairs], args.bf16, bar, args.bf16_matmuls)
+        models = _load_models([m for m, _ in pairs], bar, **precision_of(args))
     experts = tuple(
         Expert(models[m], [{"role": "user", "content": p}] if args.chat else p) for m, p in pairs
     )

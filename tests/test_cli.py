@@ -96,30 +96,24 @@ def test_no_heal_turns_healing_off():
 
 
 def test_precision_flags_reach_the_loader(monkeypatch):
-    """--bf16-matmuls loads bfloat16 matmul weights (float32 activations); --bf16 and
-    --bf16-matmuls exclude each other."""
+    """--bf16 loads bfloat16 params, --bf16-matmuls bfloat16 matmul weights (float32
+    activations), neither float32; the two flags exclude each other."""
     import jax.numpy as jnp
 
     import smc_jax.models
-    from smc_jax.cli import _load_models, build_parser
+    from smc_jax.cli import _load_models, build_parser, precision_of
 
     calls = []
-
-    class Loaded:
-        def astype(self, dtype):
-            return ("astype", dtype)
-
-    monkeypatch.setattr(smc_jax.models, "load_model", lambda name, **kw: calls.append((name, kw)) or Loaded())
+    monkeypatch.setattr(smc_jax.models, "load_model", lambda name, **kw: calls.append((name, kw)) or name)
 
     class Bar:
         set_description = update = staticmethod(lambda *a: None)
 
-    args = build_parser().parse_args(["sample", "--bf16-matmuls"])
-    assert args.bf16_matmuls and not args.bf16
-    _load_models(["m", "m"], args.bf16, Bar(), args.bf16_matmuls)
-    assert calls == [("m", {"matmul_dtype": jnp.bfloat16})]
-    calls.clear()
-    assert _load_models(["m"], True, Bar()) == {"m": ("astype", jnp.bfloat16)}
-    assert calls == [("m", {"matmul_dtype": None})]
+    for flags, expected in [([], {}), (["--bf16"], {"dtype": jnp.bfloat16}),
+                            (["--bf16-matmuls"], {"matmul_dtype": jnp.bfloat16})]:
+        calls.clear()
+        args = build_parser().parse_args(["sample", *flags])
+        assert _load_models(["m", "m"], Bar(), **precision_of(args)) == {"m": "m"}
+        assert calls == [("m", expected)]
     with pytest.raises(SystemExit):
         build_parser().parse_args(["sample", "--bf16", "--bf16-matmuls"])
