@@ -153,3 +153,24 @@ def test_truncation_without_eos_keeps_log_z_zero_for_one_expert(ngram_experts):
     np.testing.assert_allclose(np.asarray(states.log_weights), 0.0, atol=1e-5)
     unfinished = ~np.asarray(states.eos)
     assert unfinished.any() and np.all(np.asarray(states.lengths)[unfinished] == 3)
+
+
+def test_large_alphabets_take_the_two_stage_draw_exactly():
+    """Alphabets of at least `smc.draw.TWO_STAGE_FROM` symbols draw in two stages: Z-hat is still
+    unbiased, which a draw from anything but the q of the weight update would break."""
+    from smc_jax.experts import NGramExpert
+    from smc_jax.smc.draw import TWO_STAGE_FROM
+
+    size = TWO_STAGE_FROM + 300
+    k1, k2 = jax.random.split(jax.random.key(11))
+    experts = ExpertStack(groups=(NGramExpert.random(k1, alphabet_size=size, eos_logit=4.0),
+                                  NGramExpert.random(k2, alphabet_size=size, eos_logit=4.0)))
+    ens = make_ensemble("product", 2)
+    exact = exact_target(experts, ens, max_length=1)
+    smc = SMC(num_particles=4, max_length=1, ess_threshold=0.9)
+    states = run_batch(smc, jax.random.split(jax.random.key(5), 2000), experts, ens)
+    assert np.asarray(states.lengths).mean() > 0.2  # symbols were drawn, not only EOS
+    lw = np.asarray(states.log_weights, np.float64)
+    z = np.exp(np.logaddexp.reduce(lw, axis=1) - math.log(smc.num_particles))
+    se = z.std() / math.sqrt(z.size)
+    assert abs(z.mean() - math.exp(exact.log_Z)) < 4.5 * se, (z.mean(), math.exp(exact.log_Z), se)
