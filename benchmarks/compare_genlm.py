@@ -190,11 +190,11 @@ PREFIX_PRODUCT = PrefixProduct()
 @dataclasses.dataclass(frozen=True)
 class Settings:
     runs: int
-    beam_width: int
-    prune_threshold: float
-    particles: int
-    ess_threshold: float
-    max_tokens: int  # GenLM's max_tokens: byte SMC symbols plus the forced EOS; token SMC: exact length
+    beam_width: int = 5
+    prune_threshold: float = 0.05
+    particles: int = 10
+    ess_threshold: float = 0.9
+    max_tokens: int = 40  # GenLM's max_tokens: byte SMC symbols plus the forced EOS; token SMC: exact length
     prefetch: int = 0  # smc_jax byte level: SamplerSettings.prefetch (0 = its default, off)
     prefetch_rows: int = 0
     prefetch_slots: int = SamplerSettings.prefetch_slots  # per particle (the sampler's default)
@@ -582,9 +582,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--skip-genlm", action="store_true", help="run only the smc_jax side")
     parser.add_argument("--torch-threads", type=int, default=None,
                         help="torch.set_num_threads for GenLM (default: leave torch's default)")
-    parser.add_argument("--max-tokens", type=int, default=40,
+    parser.add_argument("--max-tokens", type=int, default=Settings.max_tokens,
                         help="byte SMC: GenLM's max_tokens (bytes + forced EOS); token SMC: the exact length")
-    parser.add_argument("--particles", type=int, default=10)
+    parser.add_argument("--particles", type=int, default=Settings.particles)
     parser.add_argument("--layers", choices=("split", "stacked"), default=None,
                         help="smc_jax: load_model(..., split_layers=...) (default: load_model's, split on CPU)")
     parser.add_argument("--precision", choices=PRECISIONS, default="f32",
@@ -649,8 +649,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         genlm = GenLM(args.torch_threads, PRECISIONS[args.precision] is not None)
     else:
         print("compare_genlm: --skip-genlm: running only the smc_jax side", file=sys.stderr)
-    settings = Settings(runs=args.runs, beam_width=5, prune_threshold=0.05, particles=args.particles,
-                        ess_threshold=0.9, max_tokens=args.max_tokens, prefetch=args.prefetch,
+    settings = Settings(runs=args.runs, particles=args.particles, max_tokens=args.max_tokens, prefetch=args.prefetch,
                         prefetch_rows=args.prefetch_rows, prefetch_slots=args.prefetch_slots,
                         prefetch_children=args.prefetch_children, call_costs=not args.no_call_costs)
     loaded: dict[str, LanguageModel] = {}

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import functools
 import glob
 import gzip
 import json
@@ -47,7 +48,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--workload", choices=smc, default="smc-prompts")
     parser.add_argument("--runs", type=int, default=8, help="timed runs after a warm-up")
     parser.add_argument("--trace-runs", type=int, default=2, help="runs under the profiler (0: no trace)")
-    parser.add_argument("--max-tokens", type=int, default=40)
+    parser.add_argument("--max-tokens", type=int, default=Settings.max_tokens)
     parser.add_argument("--unroll-layers", action="store_true", help="unroll the layer scan")
     parser.add_argument("--keep-trace", action="store_true", help="also write the perfetto trace")
     parser.add_argument("--name", default=None, help="results name (default profile_<workload>)")
@@ -85,14 +86,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     name = args.name or f"profile_{args.workload}" + ("_unrolled" if args.unroll_layers else "")
     if args.unroll_layers:
         transformer.LAYER_SCAN_UNROLL = True
-    settings = Settings(runs=args.runs, beam_width=5, prune_threshold=0.05, particles=10, ess_threshold=0.9,
-                        max_tokens=args.max_tokens, call_costs=False)
-    loaded: dict[str, Any] = {}
-
-    def models(model_name: str):
-        return loaded.setdefault(model_name, load_model(model_name))
-
-    sampler = workload_sampler(args.workload, models, settings)
+    settings = Settings(runs=args.runs, max_tokens=args.max_tokens, call_costs=False)
+    sampler = workload_sampler(args.workload, functools.cache(load_model), settings)  # each model loaded once
     sampler(WARMUP_SEED, allow_zero_weight=True)
     with count_compilations() as compiled:
         results = [sampler(seed, allow_zero_weight=True) for seed in range(args.runs)]
