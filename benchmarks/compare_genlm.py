@@ -78,8 +78,10 @@ Conventions, so that both sides do the same work:
   over the model groups. "Everything else" (the profile, c) is wall - floor.
 * Layers: smc_jax loads its models with `load_model`'s default weight layout (on CPU each
   layer's weights in their own buffers, which XLA:CPU reads in place; else stacked on a layer
-  axis, which a `lax.scan` slices and XLA:CPU copies on every call, see bench_call_profile)
-  unless `--layers split|stacked`. Same arithmetic, logits within 2e-4.
+  axis, which a `lax.scan` slices and XLA copies on every call, see bench_call_profile) unless
+  `--layers split|stacked`, and runs the layers in a rolled loop unless `--layer-loop unrolled`
+  (`transformer.UNROLL_LAYERS`: straight-line, each layer compiled apart). Same arithmetic,
+  logits within 2e-4.
 * Precision: both sides run float32 models (the same dequantized GGUF weights) unless
   `--precision bf16-matmuls`: then smc_jax multiplies in bfloat16 with float32 accumulation and
   float32 activations (`load_model(..., matmul_dtype=jnp.bfloat16)`) and GenLM's torch model is
@@ -125,6 +127,7 @@ from smc_jax.experts.base import ExpertStack, expert_failure
 from smc_jax.experts.byte import ByteExperts
 from smc_jax.models.contexts import bucket_sizes
 from smc_jax.models.lm import LanguageModel
+from smc_jax.models import transformer
 from smc_jax.models.paged import paged_decode
 from smc_jax.settings import SamplerSettings
 from smc_jax.smc.engine import run_jitted
@@ -585,8 +588,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--max-tokens", type=int, default=Settings.max_tokens,
                         help="byte SMC: GenLM's max_tokens (bytes + forced EOS); token SMC: the exact length")
     parser.add_argument("--particles", type=int, default=Settings.particles)
-    parser.add_argument("--layers", choices=("split", "stacked"), default=None,
-                        help="smc_jax: load_model(..., split_layers=...) (default: load_model's, split on CPU)")
+    add_layer_options(parser)
     parser.add_argument("--precision", choices=PRECISIONS, default="f32",
                         help="both sides' model arithmetic (f32: float32 throughout; bf16-matmuls: see the docstring)")
     parser.add_argument("--prefetch", type=int, default=0,
@@ -623,9 +625,36 @@ PRECISION_NOTES = {
 }
 
 
+def add_layer_options(parser: argparse.ArgumentParser) -> None:
+    """--layers (the weight layout) and --layer-loop (rolled or straight-line), read by `model_loader`."""
+    parser.add_argument("--layers", choices=("split", "stacked"), default=None,
+                        help="smc_jax: load_model(..., split_layers=...) (default: load_model's, split on CPU)")
+    parser.add_argument("--layer-loop", choices=("rolled", "unrolled"), default=None,
+                        help="smc_jax: transformer.UNROLL_LAYERS (default: rolled)")
+
+
+def model_loader(args: argparse.Namespace) -> tuple[Callable[[str], LanguageModel], dict[str, LanguageModel]]:
+    """Sets the layer loop of --layer-loop; returns name -> model, each loaded once with --layers
+    and --precision, and the models loaded so far."""
+    if args.layer_loop is not None:
+        transformer.UNROLL_LAYERS = args.layer_loop == "unrolled"
+    split = None if args.layers is None else args.layers == "split"
+    precision = PRECISIONS[getattr(args, "precision", "f32")]
+    loaded: dict[str, LanguageModel] = {}
+
+    def models(name: str) -> LanguageModel:
+        if name not in loaded:
+            loaded[name] = load_model(name, split_layers=split, matmul_dtype=precision)
+        return loaded[name]
+
+    return models, loaded
+
+
 def layer_layouts(models: Iterable[LanguageModel]) -> list[str]:
-    """How smc_jax's loaded models hold their layer weights (see `load_model(split_layers=...)`)."""
-    return sorted({"split" if model.split_layers else "stacked" for model in models})
+    """How smc_jax's loaded models hold their layer weights (see `load_model(split_layers=...)`)
+    and the layer loop they run (`transformer.UNROLL_LAYERS`)."""
+    loop = "straight-line" if transformer.UNROLL_LAYERS else "rolled"
+    return sorted({f"{'split' if model.split_layers else 'stacked'}, {loop}" for model in models})
 
 
 def threads_used(genlm: GenLM | None) -> dict[str, Any]:
@@ -652,13 +681,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     settings = Settings(runs=args.runs, particles=args.particles, max_tokens=args.max_tokens, prefetch=args.prefetch,
                         prefetch_rows=args.prefetch_rows, prefetch_slots=args.prefetch_slots,
                         prefetch_children=args.prefetch_children, call_costs=not args.no_call_costs)
-    loaded: dict[str, LanguageModel] = {}
-
-    def models(name: str) -> LanguageModel:
-        if name not in loaded:
-            split = None if args.layers is None else args.layers == "split"
-            loaded[name] = load_model(name, split_layers=split, matmul_dtype=PRECISIONS[args.precision])
-        return loaded[name]
+    models, loaded = model_loader(args)
 
     load = {"before": os.getloadavg()}
     # Every smc_jax side runs before GenLM loads anything (see "Order" in the docstring).

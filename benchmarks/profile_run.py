@@ -8,8 +8,8 @@ smc_jax side, timed, then run under `jax.profiler.trace` and summed from the tra
   Per process: events and summed durations per run; its 25 largest event names; on a device,
   the copies between host and device (each device-to-host copy of a loop or branch predicate is
   a wait of the host for the device).
-* `--unroll-layers` runs the layer `lax.scan` unrolled (`transformer.LAYER_SCAN_UNROLL`): on a
-  GPU a rolled loop is a host round trip per layer.
+* `--layers split|stacked` and `--layer-loop rolled|unrolled` as in `compare_genlm` (default:
+  `load_model`'s layout, a rolled layer loop).
 
 Writes <out>/<name>.{json,md}, and with `--keep-trace` the trace itself as <out>/<name>.trace.json.gz.
 Run: python -m benchmarks.profile_run --workload smc-prompts
@@ -19,11 +19,11 @@ from __future__ import annotations
 
 import argparse
 import collections
-import functools
 import glob
 import gzip
 import json
 import os
+import re
 import shutil
 import statistics
 import tempfile
@@ -34,9 +34,15 @@ from typing import Any
 import jax
 
 from benchmarks.common import RESULTS, markdown_table, save
-from benchmarks.compare_genlm import WARMUP_SEED, WORKLOADS, Settings, workload_sampler
-from smc_jax import load_model
-from smc_jax.models import transformer
+from benchmarks.compare_genlm import (
+    WARMUP_SEED,
+    WORKLOADS,
+    Settings,
+    add_layer_options,
+    layer_layouts,
+    model_loader,
+    workload_sampler,
+)
 from smc_jax.utils.compilation import count_compilations
 
 TOP = 25
@@ -49,14 +55,23 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--runs", type=int, default=8, help="timed runs after a warm-up")
     parser.add_argument("--trace-runs", type=int, default=2, help="runs under the profiler (0: no trace)")
     parser.add_argument("--max-tokens", type=int, default=Settings.max_tokens)
-    parser.add_argument("--unroll-layers", action="store_true", help="unroll the layer scan")
+    add_layer_options(parser)
     parser.add_argument("--keep-trace", action="store_true", help="also write the perfetto trace")
+    parser.add_argument("--summarize", type=Path, default=None,
+                        help="only print the summary of a kept trace (<name>.trace.json.gz of --trace-runs runs)")
     parser.add_argument("--name", default=None, help="results name (default profile_<workload>)")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
     if args.runs < 1 or args.trace_runs < 0 or args.max_tokens < 1:
         parser.error("--runs and --max-tokens must be >= 1, --trace-runs >= 0")
     return args
+
+
+def _is_copy(name: str, kind: str) -> bool:
+    """Whether an event name is a copy of `kind` ("MemcpyDtoH", ...), spelled "MemcpyDtoH",
+    "Memcpy DtoH" or "MemcpyD2H" (CUPTI on CUDA)."""
+    name = name.lower().replace(" ", "")
+    return kind.lower() in name or kind.lower().replace("to", "2") in name
 
 
 def trace_summary(events: list[dict[str, Any]], runs: int) -> list[dict[str, Any]]:
@@ -71,8 +86,8 @@ def trace_summary(events: list[dict[str, Any]], runs: int) -> list[dict[str, Any
             counts[e["pid"]][e.get("name", "")] += 1
     rows = []
     for pid, per_name in sorted(by_process.items(), key=lambda kv: -sum(kv[1].values())):
-        copies = {kind: sum(n for name, n in counts[pid].items() if kind.lower() in name.lower().replace(" ", ""))
-                  / runs for kind in ("MemcpyDtoH", "MemcpyHtoD", "MemcpyDtoD")}
+        copies = {kind: sum(n for name, n in counts[pid].items() if _is_copy(name, kind)) / runs
+                  for kind in ("MemcpyDtoH", "MemcpyHtoD", "MemcpyDtoD")}
         rows.append({
             "process": names.get(pid, str(pid)), "events_per_run": sum(counts[pid].values()) / runs,
             "ms_per_run": sum(per_name.values()), **{f"{k}_per_run": v for k, v in copies.items()},
@@ -81,24 +96,78 @@ def trace_summary(events: list[dict[str, Any]], runs: int) -> list[dict[str, Any
     return rows
 
 
+def device_idle(events: list[dict[str, Any]], module: str = "jit__run") -> dict[str, Any] | None:
+    """Where a device waits: within each traced run (the host's `<module>:XLA ... module` event),
+    the device's kernels and copies, their union (busy) and the gaps between them (idle), and
+    the idle time summed by the name of the event that ends each gap: a launch the host was late
+    with. None without a device process."""
+    names = {e["pid"]: e["args"]["name"] for e in events if e.get("ph") == "M" and e.get("name") == "process_name"}
+    device = sorted((e for e in events if e.get("ph") == "X" and "/device:" in names.get(e["pid"], "")),
+                    key=lambda e: e["ts"])
+    windows = [e for e in events if e.get("ph") == "X" and re.fullmatch(rf"{module}:XLA \w+ module", e.get("name", ""))
+               and "/device:" not in names.get(e["pid"], "")]
+    if not device or not windows:
+        return None
+    runs, after = [], collections.Counter()
+    for window in windows:
+        inside = [e for e in device if window["ts"] <= e["ts"] <= window["ts"] + window["dur"]]
+        idle, end = 0.0, inside[0]["ts"] if inside else window["ts"]
+        for e in inside:
+            if e["ts"] > end:
+                idle += e["ts"] - end
+                after[e["name"]] += (e["ts"] - end) / 1e3 / len(windows)
+            end = max(end, e["ts"] + e["dur"])
+        span = (end - inside[0]["ts"]) if inside else 0.0
+        runs.append({"wall_ms": window["dur"] / 1e3, "device_events": len(inside), "busy_ms": (span - idle) / 1e3,
+                     "idle_ms": idle / 1e3})
+    mean = {k: statistics.mean(r[k] for r in runs) for k in runs[0]}
+    return {**mean, "idle_before": [(n, round(ms, 3)) for n, ms in after.most_common(TOP)]}
+
+
+def summarize(events: list[dict[str, Any]], runs: int) -> tuple[list[dict[str, Any]], dict[str, Any] | None, str]:
+    """trace_summary and device_idle of a trace's events, and their markdown."""
+    processes, idle = trace_summary(events, runs), device_idle(events)
+    process_columns = ["process", "events_per_run", "ms_per_run", "MemcpyDtoH_per_run", "MemcpyHtoD_per_run"]
+    text = "## Trace: per process, per traced run\n\n" + markdown_table(processes, process_columns)
+    if idle is not None:
+        text += ("\n\n## The device's busy and idle time per traced run\n\n"
+                 + markdown_table([idle], ["wall_ms", "device_events", "busy_ms", "idle_ms"])
+                 + f"\n\nIdle milliseconds per run by the event that ends the gap (the {TOP} largest):\n\n"
+                 + markdown_table([{"name": n[:120], "idle_ms_before": ms} for n, ms in idle["idle_before"]],
+                                  ["name", "idle_ms_before"]))
+    for p in processes[:3]:
+        text += (f"\n\n### {p['process']}: the {TOP} largest names (ms per run, events per run)\n\n"
+                 + markdown_table([{"name": n[:120], "ms_per_run": ms, "events_per_run": c}
+                                   for n, ms, c in p["largest"]], ["name", "ms_per_run", "events_per_run"]))
+    return processes, idle, text
+
+
+def read_trace(path: str | Path) -> list[dict[str, Any]]:
+    with gzip.open(path) as f:
+        trace = json.load(f)
+    return trace["traceEvents"] if isinstance(trace, dict) else trace
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
-    name = args.name or f"profile_{args.workload}" + ("_unrolled" if args.unroll_layers else "")
-    if args.unroll_layers:
-        transformer.LAYER_SCAN_UNROLL = True
+    name = args.name or f"profile_{args.workload}"
+    if args.summarize is not None:  # a kept trace: no model, no run
+        _, _, text = summarize(read_trace(args.summarize), max(args.trace_runs, 1))
+        print(text)
+        return
+    models, loaded = model_loader(args)
     settings = Settings(runs=args.runs, max_tokens=args.max_tokens, call_costs=False)
-    sampler = workload_sampler(args.workload, functools.cache(load_model), settings)  # each model loaded once
+    sampler = workload_sampler(args.workload, models, settings)
     sampler(WARMUP_SEED, allow_zero_weight=True)
     with count_compilations() as compiled:
         results = [sampler(seed, allow_zero_weight=True) for seed in range(args.runs)]
     times = [r.stats["seconds"] for r in results]
-    row = {"workload": WORKLOADS[args.workload], "unrolled_layers": args.unroll_layers, "runs": args.runs,
+    row = {"workload": WORKLOADS[args.workload], "layers": " / ".join(layer_layouts(loaded.values())), "runs": args.runs,
            "median_s": statistics.median(times), "min_s": min(times), "max_s": max(times),
            "steps": statistics.mean(r.stats["steps"] for r in results),
            "calls": statistics.mean(r.stats["model_calls"] for r in results), "recompiles": compiled.count,
            "times": times, "calls_per_run": [r.stats["model_calls"] for r in results]}
     row["ms_per_step"] = 1e3 * row["median_s"] / row["steps"]
-    processes: list[dict[str, Any]] = []
     if args.trace_runs:
         with tempfile.TemporaryDirectory() as directory:
             options = jax.profiler.ProfileOptions()
@@ -111,24 +180,17 @@ def main(argv: Sequence[str] | None = None) -> None:
             if args.keep_trace:
                 args.out.mkdir(parents=True, exist_ok=True)
                 shutil.copy(files[0], args.out / f"{name}.trace.json.gz")
-            with gzip.open(files[0]) as f:
-                trace = json.load(f)
-        events = trace["traceEvents"] if isinstance(trace, dict) else trace
-        processes = trace_summary(events, args.trace_runs)
+            events = read_trace(files[0])
         row["traced_s_per_run"] = statistics.mean(traced)
-    columns = ["workload", "unrolled_layers", "runs", "median_s", "min_s", "max_s", "steps", "calls", "ms_per_step",
+    processes, idle, appendix = summarize(events, args.trace_runs) if args.trace_runs else ([], None, "")
+    columns = ["workload", "layers", "runs", "median_s", "min_s", "max_s", "steps", "calls", "ms_per_step",
                "recompiles"]
-    process_columns = ["process", "events_per_run", "ms_per_run", "MemcpyDtoH_per_run", "MemcpyHtoD_per_run"]
-    appendix = "## Trace: per process, per traced run\n\n" + markdown_table(processes, process_columns)
-    for p in processes[:3]:
-        appendix += (f"\n\n### {p['process']}: the {TOP} largest names (ms per run, events per run)\n\n"
-                     + markdown_table([{"name": n[:120], "ms_per_run": ms, "events_per_run": c}
-                                       for n, ms, c in p["largest"]], ["name", "ms_per_run", "events_per_run"]))
     meta = {"backend": jax.default_backend(), "device": jax.devices()[0].device_kind, "trace_runs": args.trace_runs,
-            "processes": processes, "settings": vars(settings)}
+            "processes": processes, "device_idle": idle, "settings": vars(settings),
+            "XLA_FLAGS": os.environ.get("XLA_FLAGS", "")}
     notes = (f"smc_jax's side of compare_genlm's {args.workload} on {jax.default_backend()} "
              f"({jax.devices()[0].device_kind}): {args.runs} timed runs after a warm-up, then {args.trace_runs} "
-             "runs under jax.profiler.trace, summed per trace process.")
+             f"runs under jax.profiler.trace, summed per trace process. XLA_FLAGS: '{meta['XLA_FLAGS']}'.")
     print(save(name, [row], columns, meta, notes, appendix, directory=args.out))
     print(appendix)
 

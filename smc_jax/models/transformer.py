@@ -51,9 +51,12 @@ F32 = jnp.float32
 # Score of a masked key. Finite, so a query with no visible key (a padding query) gets a uniform,
 # harmless distribution instead of NaN; `where` (not addition) keeps it from overflowing.
 MASK_VALUE = float(jnp.finfo(F32).min)
-#: `unroll` of the layer `lax.scan` (1: rolled; True: unrolled). Read at trace time. Rolled is
-#: faster on CPU (token SMC 3.59 s against 4.03 s, and a third of the warm-up).
-LAYER_SCAN_UNROLL: int | bool = 1
+#: The layer loop, read at trace time: False, a rolled `lax.scan`; True, straight-line layers (each
+#: reads its own weights or a static slice of them, and a static slice of the cache). Rolled is
+#: faster on CPU (token SMC 3.59 s against 4.03 s, and a third of the warm-up) and compiles in
+#: reasonable time on a GPU, where the straight-line byte-SMC program did not compile within 4
+#: minutes (H100, 2026-11-27) though the rolled loop copies every layer's weight and cache slices.
+UNROLL_LAYERS: bool = False
 
 
 class Keys(NamedTuple):
@@ -296,8 +299,18 @@ def decoder(
         return x + out, (k, v)
 
     layers, meta = params["layers"], _layer_meta(config)
+    if UNROLL_LAYERS:
+        # No loop: XLA sees every layer's buffers, where a rolled loop on a GPU copies each
+        # layer's weight and cache slices first (~28 copy launches per layer, `gpu_profile_bytes_1127`).
+        outs = []
+        for i in range(config.num_layers):
+            at = lambda tree: jax.tree_util.tree_map(lambda a: a[i], tree)
+            lp = layers[i] if is_split(params) else at(layers)
+            x, kv = layer(x, (lp, at(meta), at(context_kv)))
+            outs.append(kv)
+        return x, jax.tree_util.tree_map(lambda *a: jnp.stack(a), *outs)
     if not is_split(params):
-        return jax.lax.scan(layer, x, (layers, meta, context_kv), unroll=LAYER_SCAN_UNROLL)
+        return jax.lax.scan(layer, x, (layers, meta, context_kv))
     # Per-layer buffers (`params.unstack_layers`): the same scan, over the layer index; each matmul
     # switches to its layer's own kernel (`_PerLayer`), which XLA reads in place, where a layer's
     # slice of a stacked kernel is first copied on CPU (the forward is 14-18% faster there).
@@ -310,7 +323,7 @@ def decoder(
         leaves = [_PerLayer(column, index) if kernel else next(rest) for column, kernel in zip(columns, is_kernel)]
         return layer(x, (jax.tree_util.tree_unflatten(treedef, leaves), meta, kv))
 
-    return jax.lax.scan(switched, x, (small, jnp.arange(len(layers)), meta, context_kv), unroll=LAYER_SCAN_UNROLL)
+    return jax.lax.scan(switched, x, (small, jnp.arange(len(layers)), meta, context_kv))
 
 
 def _leaf_columns(layers: tuple[Params, ...]) -> tuple[list[bool], list[tuple[Array, ...]], Any]:
