@@ -125,9 +125,9 @@ from smc_jax.ensemble import CustomEnsemble
 from smc_jax.evaluation.stats import CONFIDENCE, Interval, t_interval
 from smc_jax.experts.base import ExpertStack, expert_failure
 from smc_jax.experts.byte import ByteExperts
+from smc_jax.models import transformer
 from smc_jax.models.contexts import bucket_sizes
 from smc_jax.models.lm import LanguageModel
-from smc_jax.models import transformer
 from smc_jax.models.paged import paged_decode
 from smc_jax.settings import SamplerSettings
 from smc_jax.smc.engine import run_jitted

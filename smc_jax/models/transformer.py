@@ -301,7 +301,7 @@ def decoder(
     layers, meta = params["layers"], _layer_meta(config)
     if UNROLL_LAYERS:
         # No loop: XLA sees every layer's buffers, where a rolled loop on a GPU copies each
-        # layer's weight and cache slices first (~28 copy launches per layer, `gpu_profile_bytes_1127`).
+        # layer's weight and cache slices first (~28 copy launches per layer, `gpu_profile_bytes_h100_1127`).
         outs = []
         for i in range(config.num_layers):
             at = lambda tree: jax.tree_util.tree_map(lambda a: a[i], tree)

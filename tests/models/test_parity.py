@@ -18,8 +18,7 @@ import tiny_checkpoints as tc
 
 from smc_jax.models import KVCache, load_model, lm, transformer
 from smc_jax.models.lm import forward as jit_forward
-from smc_jax.models.params import unstack_layers
-from smc_jax.models.params import to_device
+from smc_jax.models.params import to_device, unstack_layers
 from smc_jax.models.safetensors_loader import load_hf_checkpoint
 
 ATOL = 1e-5
