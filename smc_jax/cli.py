@@ -23,6 +23,9 @@ from smc_jax.ensemble import NAMED_TAUS, make_ensemble
 from smc_jax.models.tokenizer import check_prompt
 from smc_jax.settings import DEFAULTS, LEVELS, SamplerSettings
 
+#: Folder of XLA's compiled programs under the cache root (`keep_compiled_programs`).
+XLA_CACHE_SUBDIR = "xla"
+
 DEFAULT_EXPERTS = (
     ("smollm2-135m-instruct", "My favorite physicist is"),
     ("gemma3-270m", "My favorite physicist is"),
@@ -181,6 +184,17 @@ def _compile_constraints(args: argparse.Namespace) -> list:
     return out
 
 
+def keep_compiled_programs() -> None:
+    """XLA's compiled programs persist in `$SMC_JAX_CACHE_DIR/xla` (default
+    ~/.cache/smc_jax/xla; none with SMC_JAX_NO_CACHE=1), beside the converted checkpoints: the
+    next `sample` with the same shapes skips most of its compilation."""
+    from smc_jax.models.weights_cache import cache_enabled, cache_root
+    from smc_jax.utils.compilation import use_persistent_cache
+
+    if cache_enabled():
+        use_persistent_cache(cache_root() / XLA_CACHE_SUBDIR)
+
+
 def run_sample(args: argparse.Namespace) -> int:
     """Runs `smc-jax sample` and prints its table (or JSON); returns the exit status.
 
@@ -196,6 +210,7 @@ def run_sample(args: argparse.Namespace) -> int:
 
     pairs, settings = validate(args)
     constraints = _compile_constraints(args)  # bad patterns fail here, before any model loads
+    keep_compiled_programs()
     with tqdm(total=len({m for m, _ in pairs}), unit="model", file=sys.stderr, disable=args.json) as bar:
         models = _load_models([m for m, _ in pairs], bar, **precision_of(args))
     experts = tuple(

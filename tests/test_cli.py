@@ -3,10 +3,54 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 
+from smc_jax import cli
 from smc_jax.cli import _short, main
+
+
+@pytest.fixture(autouse=True)
+def _no_persistent_cache(monkeypatch):
+    """In-process runs leave JAX's global cache setting alone (a cache hit would hide the
+    compilations other tests count); `test_compiled_programs_persist_across_processes` checks it."""
+    monkeypatch.setattr(cli, "keep_compiled_programs", lambda: None)
+
+
+_PROCESS = """
+import collections
+import jax, jax.numpy as jnp, numpy as np
+from smc_jax.cli import keep_compiled_programs
+events = collections.Counter()
+jax.monitoring.register_event_listener(lambda event, **_: events.update([event.rsplit("/", 1)[-1]]))
+keep_compiled_programs()
+jax.jit(lambda x: jnp.sin(x) * 3 + jnp.cos(x))(np.arange(7, dtype=np.float32)).block_until_ready()
+print(events["cache_misses"], events["cache_hits"], jax.config.jax_compilation_cache_dir)
+"""
+
+
+def _process(env: dict[str, str]) -> tuple[int, int, str]:
+    """(persistent-cache misses, hits, the cache directory) of a fresh process that compiles one
+    function."""
+    base = {k: v for k, v in os.environ.items() if k not in ("JAX_COMPILATION_CACHE_DIR", "SMC_JAX_NO_CACHE")}
+    env = {**base, "JAX_PLATFORMS": "cpu", "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0", **env}
+    out = subprocess.run([sys.executable, "-c", _PROCESS], env=env, capture_output=True, text=True, check=True)
+    misses, hits, directory = out.stdout.split()
+    return int(misses), int(hits), directory
+
+
+def test_compiled_programs_persist_across_processes(tmp_path):
+    env = {"SMC_JAX_CACHE_DIR": str(tmp_path)}
+    assert _process(env) == (1, 0, str(tmp_path / "xla"))  # compiled, and written
+    assert any((tmp_path / "xla").iterdir())
+    assert _process(env) == (0, 1, str(tmp_path / "xla"))  # a new process loads it
+    # SMC_JAX_NO_CACHE turns it off; a cache the user chose is left alone
+    assert _process({**env, "SMC_JAX_NO_CACHE": "1"}) == (0, 0, "None")
+    own = tmp_path / "own"
+    assert _process({**env, "JAX_COMPILATION_CACHE_DIR": str(own)}) == (1, 0, str(own)) and any(own.iterdir())
 
 
 def test_models_lists_the_embedded_models(capsys):
