@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 from flax import struct
 from jaxtyping import Array, Float, Int
@@ -80,6 +81,11 @@ def paged_decode(
     return output_logits(params, config, h)[:, 0], k[:, :, 0], v[:, :, 0]
 
 
+#: `paged_decode` as its own jit: a byte-SMC program calls it at ~20 places (bucket sizes, the
+#: tracing passes of loops and branches), and jit traces it once per distinct shape, not per call.
+_traced_once = jax.jit(paged_decode, static_argnums=1)
+
+
 @struct.dataclass
 class PagedTransformer:
     """A transformer behind the paged-model interface of `smc_jax.models.contexts`."""
@@ -111,7 +117,7 @@ class PagedTransformer:
         tree: bool = False,
     ) -> tuple[Float[Array, "rows vocab"], KVPool]:
         written = write_at if tree else None
-        logits, k, v = paged_decode(self.params, self.config, prefix, pool, paths, depth, tokens, written)
+        logits, k, v = _traced_once(self.params, self.config, prefix, pool, paths, depth, tokens, written)
         return logits, KVPool(
             k=pool.k.at[:, write_at].set(k.astype(pool.k.dtype), mode="drop"),
             v=pool.v.at[:, write_at].set(v.astype(pool.v.dtype), mode="drop"),
