@@ -51,11 +51,13 @@ F32 = jnp.float32
 # Score of a masked key. Finite, so a query with no visible key (a padding query) gets a uniform,
 # harmless distribution instead of NaN; `where` (not addition) keeps it from overflowing.
 MASK_VALUE = float(jnp.finfo(F32).min)
-#: The layer loop, read at trace time: False, a rolled `lax.scan`; True, straight-line layers (each
-#: reads its own weights or a static slice of them, and a static slice of the cache). Rolled is
-#: faster on CPU (token SMC 3.59 s against 4.03 s, and a third of the warm-up) and compiles in
-#: reasonable time on a GPU, where the straight-line byte-SMC program did not compile within 4
-#: minutes (H100, 2026-11-27) though the rolled loop copies every layer's weight and cache slices.
+#: The layer loop, read at trace time (set it before the first model call: a jitted function
+#: such as the paged decode keeps its first trace). False: a rolled `lax.scan`. True: straight-line
+#: layers, each reading its own weights (or a static slice of them) and a static slice of the
+#: cache. Rolled is faster on CPU (token SMC 3.59 s against 4.03 s, and a third of the warm-up)
+#: and compiles in reasonable time on a GPU, where the straight-line byte-SMC program did not
+#: compile within 4 minutes (H100, 2026-11-27) though the rolled loop copies every layer's weight
+#: and cache slices.
 UNROLL_LAYERS: bool = False
 
 
