@@ -64,6 +64,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.runs < 1 or args.trace_runs < 0 or args.max_tokens < 1:
         parser.error("--runs and --max-tokens must be >= 1, --trace-runs >= 0")
+    if args.summarize is not None and not args.summarize.is_file():
+        parser.error(f"--summarize: no such trace file: {args.summarize}")
     return args
 
 

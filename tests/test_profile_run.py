@@ -28,7 +28,8 @@ def test_trace_summary_groups_by_process_per_run():
 
 
 @pytest.mark.parametrize("argv", [["--runs", "0"], ["--trace-runs", "-1"], ["--workload", "bytes-smollm2"],
-                                  ["--layer-loop", "partly"], ["--layers", "flat"]])
+                                  ["--layer-loop", "partly"], ["--layers", "flat"],
+                                  ["--summarize", "no-such-trace.json.gz"]])
 def test_bad_arguments_stop_before_loading(argv, capsys):
     with pytest.raises(SystemExit):
         parse_args(argv)
