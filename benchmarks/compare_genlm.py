@@ -589,8 +589,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                         help="byte SMC: GenLM's max_tokens (bytes + forced EOS); token SMC: the exact length")
     parser.add_argument("--particles", type=int, default=Settings.particles)
     add_layer_options(parser)
-    parser.add_argument("--precision", choices=PRECISIONS, default="f32",
-                        help="both sides' model arithmetic (f32: float32 throughout; bf16-matmuls: see the docstring)")
+    add_precision_option(parser)
     parser.add_argument("--prefetch", type=int, default=0,
                         help="smc_jax byte level: calls also create the contexts the next N bytes may need (0: off)")
     parser.add_argument("--prefetch-rows", type=int, default=0, help="smc_jax byte level: rows a call may add to prefetch")
@@ -625,6 +624,12 @@ PRECISION_NOTES = {
 }
 
 
+def add_precision_option(parser: argparse.ArgumentParser) -> None:
+    """--precision, read by `model_loader`."""
+    parser.add_argument("--precision", choices=PRECISIONS, default="f32",
+                        help="both sides' model arithmetic (f32: float32 throughout; bf16-matmuls: see the docstring)")
+
+
 def add_layer_options(parser: argparse.ArgumentParser) -> None:
     """--layers (the weight layout) and --layer-loop (rolled or straight-line), read by `model_loader`."""
     parser.add_argument("--layers", choices=("split", "stacked"), default=None,
@@ -639,7 +644,7 @@ def model_loader(args: argparse.Namespace) -> tuple[Callable[[str], LanguageMode
     if args.layer_loop is not None:
         transformer.UNROLL_LAYERS = args.layer_loop == "unrolled"
     split = None if args.layers is None else args.layers == "split"
-    precision = PRECISIONS[getattr(args, "precision", "f32")]
+    precision = PRECISIONS[args.precision]
     loaded: dict[str, LanguageModel] = {}
 
     def models(name: str) -> LanguageModel:

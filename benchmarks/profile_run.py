@@ -39,6 +39,7 @@ from benchmarks.compare_genlm import (
     WORKLOADS,
     Settings,
     add_layer_options,
+    add_precision_option,
     layer_layouts,
     model_loader,
     workload_sampler,
@@ -56,6 +57,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--trace-runs", type=int, default=2, help="runs under the profiler (0: no trace)")
     parser.add_argument("--max-tokens", type=int, default=Settings.max_tokens)
     add_layer_options(parser)
+    add_precision_option(parser)
     parser.add_argument("--keep-trace", action="store_true", help="also write the perfetto trace")
     parser.add_argument("--summarize", type=Path, default=None,
                         help="only print the summary of a kept trace (<name>.trace.json.gz of --trace-runs runs)")
@@ -164,7 +166,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     with count_compilations() as compiled:
         results = [sampler(seed, allow_zero_weight=True) for seed in range(args.runs)]
     times = [r.stats["seconds"] for r in results]
-    row = {"workload": WORKLOADS[args.workload], "layers": " / ".join(layer_layouts(loaded.values())), "runs": args.runs,
+    row = {"workload": WORKLOADS[args.workload], "layers": " / ".join(layer_layouts(loaded.values())),
+           "precision": args.precision, "runs": args.runs,
            "median_s": statistics.median(times), "min_s": min(times), "max_s": max(times),
            "steps": statistics.mean(r.stats["steps"] for r in results),
            "calls": statistics.mean(r.stats["model_calls"] for r in results), "recompiles": compiled.count,
@@ -185,7 +188,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             events = read_trace(files[0])
         row["traced_s_per_run"] = statistics.mean(traced)
     processes, idle, appendix = summarize(events, args.trace_runs) if args.trace_runs else ([], None, "")
-    columns = ["workload", "layers", "runs", "median_s", "min_s", "max_s", "steps", "calls", "ms_per_step",
+    columns = ["workload", "layers", "precision", "runs", "median_s", "min_s", "max_s", "steps", "calls", "ms_per_step",
                "recompiles"]
     meta = {"backend": jax.default_backend(), "device": jax.devices()[0].device_kind, "trace_runs": args.trace_runs,
             "processes": processes, "device_idle": idle, "settings": vars(settings),

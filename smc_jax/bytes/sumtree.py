@@ -10,7 +10,8 @@ A range [lo, hi) is the disjoint union of at most 2L + 2 cells (the bottom-up se
 walk, at most one cell at each end of each level), so log sum_{lo <= i < hi} exp(x_i) is one max-shifted logsumexp of those cells. Every
 operation stays in log space: no mass underflows while its logarithm is a finite f32 (a token of
 log-probability -150 keeps its mass, where exp(-150) is 0 in f32), and nothing is a difference
-of large sums (no cancellation). Building costs O(P) logaddexps; each query O(log P) gathers.
+of large sums (no cancellation). Building costs one logaddexp per cell above a value (cells over
+padding only are -inf, not computed: n - 1 + L at most); each query O(log P) gathers.
 """
 
 from __future__ import annotations
@@ -30,13 +31,14 @@ def finite_or_zero(peak: Array) -> Array:
 
 
 def _logaddexp(a: Array, b: Array) -> Array:
-    """log(e^a + e^b) = m + log(e^(a - m) + e^(b - m)), m = max(a, b).
+    """log(e^a + e^b) = m + log(1 + e^(n - m)), m = max(a, b), n = min(a, b); m where m is not finite.
 
-    Cheaper to compile and run than jnp.logaddexp on CPU; the sum lies in [1, 2], so its log
-    has absolute error <= one f32 ulp, i.e. the mass has relative error <= 2^-23.
+    Cheaper to compile and run than jnp.logaddexp on CPU, and one exp per pair: e^(m - m) = 1
+    exactly, so this is bit for bit the symmetric m + log(e^(a - m) + e^(b - m)). The sum lies in
+    [1, 2], so its log has absolute error <= one f32 ulp, i.e. the mass has relative error <= 2^-23.
     """
-    shift = finite_or_zero(jnp.maximum(a, b))
-    return shift + jnp.log(jnp.exp(a - shift) + jnp.exp(b - shift))
+    top = jnp.maximum(a, b)
+    return jnp.where(jnp.isfinite(top), top + jnp.log(1.0 + jnp.exp(jnp.minimum(a, b) - top)), top)
 
 
 def _logsumexp(x: Array, axis: int) -> Array:
@@ -79,10 +81,14 @@ def build_sum_tree(logp: Float[ArrayLike, "... n"]) -> SumTree:
     num_leaves = 1 << max(num_values - 1, 0).bit_length()
     padding = [(0, 0)] * (logp.ndim - 1) + [(0, num_leaves - num_values)]
     level = jnp.pad(logp, padding, constant_values=-jnp.inf)
-    levels = [level]
+    levels, valid = [level], num_values
     while level.shape[-1] > 1:
-        pairs = level.reshape(*level.shape[:-1], -1, 2)
+        # Cells past the values' ceil(valid / 2) parents cover padding only: -inf, not computed.
+        half, valid = level.shape[-1] // 2, (valid + 1) // 2
+        pairs = level[..., : 2 * valid].reshape(*level.shape[:-1], valid, 2)
         level = jax.lax.optimization_barrier(_logaddexp(pairs[..., 0], pairs[..., 1]))
+        if valid < half:
+            level = jnp.concatenate([level, jnp.full((*level.shape[:-1], half - valid), -jnp.inf, level.dtype)], -1)
         levels.append(level)
     unused = jnp.full((*logp.shape[:-1], 1), -jnp.inf, dtype=jnp.float32)
     return SumTree(jnp.concatenate([unused, *reversed(levels)], axis=-1), num_leaves)
