@@ -8,8 +8,13 @@ smc_jax side, timed, then run under `jax.profiler.trace` and summed from the tra
   Per process: events and summed durations per run; its 25 largest event names; on a device,
   the copies between host and device (each device-to-host copy of a loop or branch predicate is
   a wait of the host for the device).
-* `--layers split|stacked` and `--layer-loop rolled|unrolled` as in `compare_genlm` (default:
-  `load_model`'s layout, a rolled layer loop).
+* `--layers split|stacked`, `--layer-loop rolled|unrolled` and `--precision` as in
+  `compare_genlm` (default: `load_model`'s layout, a rolled layer loop, float32).
+* By source line (`--summarize TRACE --hlo FILE`): each host event's own time (its duration less
+  its children's on the same thread), summed per run by the source line that made the XLA
+  operation, read from the optimized HLO of the same program. Dump it while tracing with
+  `XLA_FLAGS="--xla_dump_to=DIR --xla_dump_hlo_as_text --xla_dump_hlo_module_re=jit__run"` and
+  `--keep-trace`; FILE is DIR's `*jit__run.cpu_after_optimizations.txt`.
 
 Writes <out>/<name>.{json,md}, and with `--keep-trace` the trace itself as <out>/<name>.trace.json.gz.
 Run: python -m benchmarks.profile_run --workload smc-prompts
@@ -61,6 +66,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--keep-trace", action="store_true", help="also write the perfetto trace")
     parser.add_argument("--summarize", type=Path, default=None,
                         help="only print the summary of a kept trace (<name>.trace.json.gz of --trace-runs runs)")
+    parser.add_argument("--hlo", type=Path, default=None,
+                        help="with --summarize: the dumped optimized HLO text, for the time per source line")
     parser.add_argument("--name", default=None, help="results name (default profile_<workload>)")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
@@ -68,6 +75,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         parser.error("--runs and --max-tokens must be >= 1, --trace-runs >= 0")
     if args.summarize is not None and not args.summarize.is_file():
         parser.error(f"--summarize: no such trace file: {args.summarize}")
+    if args.hlo is not None and (args.summarize is None or not args.hlo.is_file()):
+        parser.error(f"--hlo needs --summarize and an existing HLO text file (got {args.hlo})")
     return args
 
 
@@ -146,6 +155,57 @@ def summarize(events: list[dict[str, Any]], runs: int) -> tuple[list[dict[str, A
     return processes, idle, text
 
 
+def self_times(events: list[dict[str, Any]]) -> list[tuple[dict[str, Any], float]]:
+    """Each complete event with its own microseconds: its duration less those of the events
+    nested in it on the same thread (a loop's time is then its body's operations', counted once)."""
+    threads: dict[Any, list[dict[str, Any]]] = collections.defaultdict(list)
+    for e in events:
+        if e.get("ph") == "X":
+            threads[e["pid"], e.get("tid")].append(e)
+    own: list[tuple[dict[str, Any], float]] = []
+    for thread in threads.values():
+        thread.sort(key=lambda e: (e["ts"], -e["dur"]))
+        stack: list[list[Any]] = []  # [event, own time]
+        for e in thread:
+            while stack and stack[-1][0]["ts"] + stack[-1][0]["dur"] <= e["ts"]:
+                own.append(tuple(stack.pop()))
+            if stack:
+                stack[-1][1] -= e["dur"]
+            stack.append([e, e["dur"]])
+        own.extend(tuple(x) for x in stack)
+    return own
+
+
+def hlo_sources(text: str) -> dict[str, str]:
+    """Operation name -> "file:line function" of the innermost Python frame that made it, from
+    an optimized HLO text dump (its FileNames, FunctionNames, FileLocations and StackFrames)."""
+    def table(section: str) -> list[str]:
+        match = re.search(rf"^{section}\n(.*?)(?:\n\n|\Z)", text, re.M | re.S)
+        return match.group(1).splitlines() if match else []
+    files = {int(n): v.strip('"') for n, v in (line.split(None, 1) for line in table("FileNames"))}
+    functions = {int(n): v.strip('"') for n, v in (line.split(None, 1) for line in table("FunctionNames"))}
+    locations = {}
+    for line in table("FileLocations"):
+        m = re.match(r"(\d+) \{file_name_id=(\d+) function_name_id=(\d+) line=(\d+)", line)
+        if m:
+            path = re.sub(r"^.*?/(smc_jax|benchmarks|jax)/", r"\1/", files[int(m[2])])
+            locations[int(m[1])] = f"{path}:{m[4]} {functions[int(m[3])]}"
+    frames = {int(m[1]): locations.get(int(m[2]), "?") for m in
+              (re.match(r"(\d+) \{file_location_id=(\d+)", line) for line in table("StackFrames")) if m}
+    return {m[1]: frames.get(int(m[2]), "?") for m in re.finditer(
+        r"^\s*(?:ROOT )?%([\w.\-]+) = [^\n]*?stack_frame_id=(\d+)", text, re.M)}
+
+
+def time_by_source(events: list[dict[str, Any]], sources: dict[str, str], runs: int) -> list[tuple[str, float]]:
+    """Own milliseconds per run of the host's events, by the source line of their operation
+    (the event name where the HLO has none); the host's waits for a whole program are left out."""
+    by_line: collections.Counter = collections.Counter()
+    for e, own in self_times(events):
+        if "wait for completion" not in e.get("name", ""):
+            by_line[sources.get(e["name"], e["name"])] += own / 1e3 / runs
+    return by_line.most_common()
+
+
 def read_trace(path: str | Path) -> list[dict[str, Any]]:
     with gzip.open(path) as f:
         trace = json.load(f)
@@ -156,7 +216,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
     name = args.name or f"profile_{args.workload}"
     if args.summarize is not None:  # a kept trace: no model, no run
-        _, _, text = summarize(read_trace(args.summarize), max(args.trace_runs, 1))
+        runs, events = max(args.trace_runs, 1), read_trace(args.summarize)
+        _, _, text = summarize(events, runs)
+        if args.hlo is not None:
+            lines = time_by_source(events, hlo_sources(args.hlo.read_text()), runs)
+            text += (f"\n\n## Own time per run by source line (the {TOP} largest of "
+                     f"{sum(ms for _, ms in lines):.0f} ms)\n\n"
+                     + markdown_table([{"source": n[:120], "ms_per_run": round(ms, 2)} for n, ms in lines[:TOP]],
+                                      ["source", "ms_per_run"]))
         print(text)
         return
     models, loaded = model_loader(args)

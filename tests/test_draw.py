@@ -64,3 +64,33 @@ def test_all_zero_row_gives_minus_infinity():
     symbols, log_norm = draw_symbols(jax.random.key(0), logits)
     assert np.asarray(log_norm)[0] == -np.inf and np.asarray(log_norm)[1] == 0.0
     assert int(symbols[1]) == 2999
+
+
+def _padded_two_stage(key, logits, block):
+    """The two-stage draw over the alphabet padded with -inf to whole blocks (the definition)."""
+    rows, size = logits.shape
+    blocks = -(-size // block)
+    padded = jnp.pad(logits, ((0, 0), (0, blocks * block - size)), constant_values=-jnp.inf).reshape(rows, blocks, block)
+    block_lse = jax.nn.logsumexp(padded, axis=-1)
+    key_block, key_symbol = jax.random.split(key)
+    b = jax.random.categorical(key_block, block_lse, axis=-1)
+    a = jax.random.categorical(key_symbol, jnp.take_along_axis(padded, b[:, None, None], axis=1)[:, 0], axis=-1)
+    return (b * block + a).astype(jnp.int32), jax.nn.logsumexp(block_lse, axis=-1)
+
+
+@pytest.mark.parametrize("size", [1024, 1025, 1324, 2047, 49153])
+def test_unpadded_blocks_draw_what_the_padded_alphabet_draws(size):
+    """Only a partial last block is padded: same key, same symbols and log-normalizers, bit for
+    bit, as the draw over the padded alphabet (also when the last block is drawn)."""
+    rng = np.random.default_rng(size)
+    logits = (rng.normal(size=(6, size)) * 4).astype(np.float32)
+    logits[rng.random(logits.shape) < 0.3] = -np.inf
+    logits[0, -1] = 60.0  # row 0 almost surely draws the last symbol (in the partial block)
+    logits = jnp.asarray(logits)
+    draw = jax.jit(lambda k: draw_symbols(k, logits, block=256))
+    reference = jax.jit(lambda k: _padded_two_stage(k, logits, 256))
+    for seed in range(20):
+        (symbols, log_norm), (ref_symbols, ref_log_norm) = draw(jax.random.key(seed)), reference(jax.random.key(seed))
+        np.testing.assert_array_equal(symbols, ref_symbols)
+        np.testing.assert_array_equal(np.asarray(log_norm).view(np.uint32), np.asarray(ref_log_norm).view(np.uint32))
+    assert int(symbols[0]) == size - 1

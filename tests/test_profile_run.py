@@ -3,7 +3,7 @@ argument checks."""
 
 import pytest
 
-from benchmarks.profile_run import device_idle, parse_args, trace_summary
+from benchmarks.profile_run import device_idle, hlo_sources, parse_args, self_times, time_by_source, trace_summary
 
 
 def _events():
@@ -29,7 +29,7 @@ def test_trace_summary_groups_by_process_per_run():
 
 @pytest.mark.parametrize("argv", [["--runs", "0"], ["--trace-runs", "-1"], ["--workload", "bytes-smollm2"],
                                   ["--layer-loop", "partly"], ["--layers", "flat"],
-                                  ["--summarize", "no-such-trace.json.gz"]])
+                                  ["--summarize", "no-such-trace.json.gz"], ["--hlo", "module.txt"]])
 def test_bad_arguments_stop_before_loading(argv, capsys):
     with pytest.raises(SystemExit):
         parse_args(argv)
@@ -49,3 +49,47 @@ def test_device_idle_sums_the_gaps_inside_each_run_by_the_event_after_them():
     assert idle["busy_ms"] == pytest.approx((0.040 + 0.060) / 2) and idle["idle_ms"] == pytest.approx((0.020 + 0.030) / 2)
     assert dict(idle["idle_before"]) == {"gemm": pytest.approx(0.015), "copy": pytest.approx(0.010)}
     assert device_idle(meta + runs) is None  # no device events: a CPU trace
+
+
+#: The tail of an optimized HLO text dump: two operations made at two source lines.
+HLO = """HloModule jit__run
+
+  %log_add_fusion.3 = f32[2,5]{1,0} fusion(%p), kind=kLoop, metadata={op_name="jit(_run)/add" stack_frame_id=2}
+  ROOT %ynn_fusion.7 = f32[2,9]{1,0} fusion(%a, %b), metadata={op_name="jit(_run)/dot_general" stack_frame_id=3}
+  %copy.1 = f32[2]{0} copy(%c)
+
+FileNames
+1 "/home/user/smc_jax/bytes/sumtree.py"
+2 "/home/user/smc_jax/models/transformer.py"
+
+FunctionNames
+1 "_logaddexp"
+2 "_matmul"
+
+FileLocations
+1 {file_name_id=1 function_name_id=1 line=39 end_line=39 column=4 end_column=9}
+2 {file_name_id=2 function_name_id=2 line=115 end_line=115 column=4 end_column=9}
+
+StackFrames
+1 {file_location_id=1 parent_frame_id=1}
+2 {file_location_id=1 parent_frame_id=1}
+3 {file_location_id=2 parent_frame_id=2}
+"""
+
+
+def test_own_time_by_source_line_counts_nested_events_once():
+    sources = hlo_sources(HLO)
+    assert sources == {"log_add_fusion.3": "smc_jax/bytes/sumtree.py:39 _logaddexp",
+                       "ynn_fusion.7": "smc_jax/models/transformer.py:115 _matmul"}
+    # thread 1: a loop of 100 us holding a matmul (60) and a log-add (10), then a copy (5);
+    # thread 2: a matmul (30) and the host's wait for the whole program (500, left out)
+    X = lambda tid, name, ts, dur: {"ph": "X", "pid": 1, "tid": tid, "name": name, "ts": ts, "dur": dur}
+    events = [X(1, "while.4", 0.0, 100.0), X(1, "ynn_fusion.7", 10.0, 60.0), X(1, "log_add_fusion.3", 75.0, 10.0),
+              X(1, "copy.1", 100.0, 5.0), X(2, "ynn_fusion.7", 0.0, 30.0),
+              X(2, "ThunkExecutor::Execute (wait for completion)", 40.0, 500.0)]
+    own = {(e["tid"], e["name"]): t for e, t in self_times(events)}
+    assert own[1, "while.4"] == 30.0 and own[1, "ynn_fusion.7"] == 60.0 and own[1, "copy.1"] == 5.0
+    lines = dict(time_by_source(events, sources, runs=2))
+    assert lines == {"smc_jax/models/transformer.py:115 _matmul": pytest.approx(0.045),
+                     "while.4": pytest.approx(0.015), "smc_jax/bytes/sumtree.py:39 _logaddexp": pytest.approx(0.005),
+                     "copy.1": pytest.approx(0.0025)}
