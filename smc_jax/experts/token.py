@@ -13,6 +13,7 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import struct
 from jaxtyping import Array, Bool, Float, Int
 
@@ -33,8 +34,12 @@ def token_logprobs(
     logp = jax.nn.log_softmax(logits.astype(jnp.float32) / temperature, axis=-1)
     ids = jnp.asarray(eos_ids, jnp.int32)
     eos = jax.nn.logsumexp(logp[..., ids], axis=-1, keepdims=True)
-    logp = logp.at[..., ids].set(-jnp.inf)
-    return jnp.concatenate([logp, eos], axis=-1)
+    # One elementwise pass over [..., V + 1] (a scatter, then a concatenation, copied the rows twice).
+    vocab = logits.shape[-1]
+    symbol = jnp.arange(vocab + 1)
+    is_eos_id = np.isin(np.arange(vocab + 1), np.asarray(eos_ids))
+    padded = jnp.pad(logp, [(0, 0)] * (logp.ndim - 1) + [(0, 1)])
+    return jnp.where(symbol == vocab, eos, jnp.where(is_eos_id, -jnp.inf, padded))
 
 
 @struct.dataclass(kw_only=True)
