@@ -195,7 +195,7 @@ class SMC:
             logits = jnp.concatenate([log_psi_sym, log_phi[:, None]], axis=-1) - log_psi_x[:, None]
             logits = jnp.where(jnp.isfinite(log_psi_x)[:, None], logits, -jnp.inf)
         else:
-            logits = ensemble.log_target(jnp.swapaxes(logp, 1, 2))
+            logits = jax.vmap(ensemble.log_target, in_axes=2, out_axes=1)(logp)
         is_eos = jnp.arange(a + 1) == a
         at_limit = state.step >= self.max_length
         return jnp.where(at_limit & ~is_eos, -jnp.inf, logits)
