@@ -78,17 +78,18 @@ def _padded_two_stage(key, logits, block):
     return (b * block + a).astype(jnp.int32), jax.nn.logsumexp(block_lse, axis=-1)
 
 
-@pytest.mark.parametrize("size", [1024, 1025, 1324, 2047, 49153])
-def test_unpadded_blocks_draw_what_the_padded_alphabet_draws(size):
+@pytest.mark.parametrize("size, block", [(1024, 256), (1025, 256), (1324, 256), (2047, 256), (49153, 256), (1100, 2048)])
+def test_unpadded_blocks_draw_what_the_padded_alphabet_draws(size, block):
     """Only a partial last block is padded: same key, same symbols and log-normalizers, bit for
-    bit, as the draw over the padded alphabet (also when the last block is drawn)."""
+    bit, as the draw over the padded alphabet (also when the last block is drawn, and when the
+    whole alphabet is one partial block)."""
     rng = np.random.default_rng(size)
     logits = (rng.normal(size=(6, size)) * 4).astype(np.float32)
     logits[rng.random(logits.shape) < 0.3] = -np.inf
     logits[0, -1] = 60.0  # row 0 almost surely draws the last symbol (in the partial block)
     logits = jnp.asarray(logits)
-    draw = jax.jit(lambda k: draw_symbols(k, logits, block=256))
-    reference = jax.jit(lambda k: _padded_two_stage(k, logits, 256))
+    draw = jax.jit(lambda k: draw_symbols(k, logits, block=block, two_stage_from=1024))
+    reference = jax.jit(lambda k: _padded_two_stage(k, logits, block))
     for seed in range(20):
         (symbols, log_norm), (ref_symbols, ref_log_norm) = draw(jax.random.key(seed)), reference(jax.random.key(seed))
         np.testing.assert_array_equal(symbols, ref_symbols)

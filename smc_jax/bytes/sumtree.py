@@ -38,7 +38,8 @@ def _logaddexp(a: Array, b: Array) -> Array:
     [1, 2], so its log has absolute error <= one f32 ulp, i.e. the mass has relative error <= 2^-23.
     """
     top = jnp.maximum(a, b)
-    return jnp.where(jnp.isfinite(top), top + jnp.log(1.0 + jnp.exp(jnp.minimum(a, b) - top)), top)
+    # The shift is 0 where top is not finite, so that no NaN is made even where it is not kept.
+    return jnp.where(jnp.isfinite(top), top + jnp.log(1.0 + jnp.exp(jnp.minimum(a, b) - finite_or_zero(top))), top)
 
 
 def _logsumexp(x: Array, axis: int) -> Array:

@@ -55,15 +55,18 @@ def draw_symbols(
     # Full blocks are read in place; only a partial last block is padded (with -inf, to a whole
     # block, so that its log-sum-exp and draw are those of the padded alphabet, bit for bit).
     full, rest = divmod(size, block)
-    blocked = logits[:, : full * block].reshape(rows, full, block)
-    block_lse = jax.nn.logsumexp(blocked, axis=-1)  # [M, B]: log of each block's mass
+    block_lse = []  # [M, B]: log of each block's mass
+    if full:
+        blocked = logits[:, : full * block].reshape(rows, full, block)
+        block_lse.append(jax.nn.logsumexp(blocked, axis=-1))
     if rest:
         tail = jnp.pad(logits[:, full * block :], ((0, 0), (0, block - rest)), constant_values=-jnp.inf)
-        block_lse = jnp.concatenate([block_lse, jax.nn.logsumexp(tail, axis=-1, keepdims=True)], axis=-1)
+        block_lse.append(jax.nn.logsumexp(tail, axis=-1, keepdims=True))
+    block_lse = jnp.concatenate(block_lse, axis=-1)
     key_block, key_symbol = jax.random.split(key)
     b = jax.random.categorical(key_block, block_lse, axis=-1)
-    inside = jnp.take_along_axis(blocked, jnp.minimum(b, full - 1)[:, None, None], axis=1)[:, 0]  # [M, block]
-    if rest:
-        inside = jnp.where((b == full)[:, None], tail, inside)
+    inside = tail if not full else jnp.take_along_axis(blocked, jnp.minimum(b, full - 1)[:, None, None], axis=1)[:, 0]
+    if full and rest:
+        inside = jnp.where((b == full)[:, None], tail, inside)  # [M, block]
     a = jax.random.categorical(key_symbol, inside, axis=-1)
     return (b * block + a).astype(jnp.int32), jax.nn.logsumexp(block_lse, axis=-1)
