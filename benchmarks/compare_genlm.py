@@ -590,13 +590,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--particles", type=int, default=Settings.particles)
     add_layer_options(parser)
     add_precision_option(parser)
-    parser.add_argument("--prefetch", type=int, default=0,
-                        help="smc_jax byte level: calls also create the contexts the next N bytes may need (0: off)")
-    parser.add_argument("--prefetch-rows", type=int, default=0, help="smc_jax byte level: rows a call may add to prefetch")
-    parser.add_argument("--prefetch-slots", type=int, default=SamplerSettings.prefetch_slots,
-                        help="smc_jax byte level, with --prefetch: prefetched contexts kept per particle")
-    parser.add_argument("--prefetch-children", type=int, default=SamplerSettings.prefetch_children,
-                        help="smc_jax byte level, with --prefetch: contexts per particle one token below the best candidates")
+    add_prefetch_options(parser)
     parser.add_argument("--no-call-costs", action="store_true",
                         help="skip the per-call decode timings (no floor; fewer compilations)")
     parser.add_argument("--name", default="compare_genlm", help="results name: <out>/<name>.{json,md}")
@@ -607,11 +601,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
             parser.error(f"--{option.replace('_', '-')} must be >= 1")
     if args.torch_threads is not None and args.torch_threads < 1:
         parser.error("--torch-threads must be >= 1")
-    try:  # the sampler's own checks of the byte-level prefetch settings, before any loading
-        SamplerSettings(level="byte", prefetch=args.prefetch, prefetch_rows=args.prefetch_rows,
-                        prefetch_slots=args.prefetch_slots, prefetch_children=args.prefetch_children)
-    except ValueError as err:
-        parser.error(f"--prefetch*: {err}")
+    check_prefetch_options(parser, args)
     return args
 
 
@@ -628,6 +618,26 @@ def add_precision_option(parser: argparse.ArgumentParser) -> None:
     """--precision, read by `model_loader`."""
     parser.add_argument("--precision", choices=PRECISIONS, default="f32",
                         help="both sides' model arithmetic (f32: float32 throughout; bf16-matmuls: see the docstring)")
+
+
+def add_prefetch_options(parser: argparse.ArgumentParser) -> None:
+    """--prefetch, --prefetch-rows, --prefetch-slots, --prefetch-children (smc_jax byte level)."""
+    parser.add_argument("--prefetch", type=int, default=0,
+                        help="smc_jax byte level: calls also create the contexts the next N bytes may need (0: off)")
+    parser.add_argument("--prefetch-rows", type=int, default=0, help="smc_jax byte level: rows a call may add to prefetch")
+    parser.add_argument("--prefetch-slots", type=int, default=SamplerSettings.prefetch_slots,
+                        help="smc_jax byte level, with --prefetch: prefetched contexts kept per particle")
+    parser.add_argument("--prefetch-children", type=int, default=SamplerSettings.prefetch_children,
+                        help="smc_jax byte level, with --prefetch: contexts per particle one token below the best candidates")
+
+
+def check_prefetch_options(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """The sampler's own checks of the byte-level prefetch settings, before any loading."""
+    try:
+        SamplerSettings(level="byte", prefetch=args.prefetch, prefetch_rows=args.prefetch_rows,
+                        prefetch_slots=args.prefetch_slots, prefetch_children=args.prefetch_children)
+    except ValueError as err:
+        parser.error(f"--prefetch*: {err}")
 
 
 def add_layer_options(parser: argparse.ArgumentParser) -> None:

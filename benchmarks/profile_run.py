@@ -8,8 +8,8 @@ smc_jax side, timed, then run under `jax.profiler.trace` and summed from the tra
   Per process: events and summed durations per run; its 25 largest event names; on a device,
   the copies between host and device (each device-to-host copy of a loop or branch predicate is
   a wait of the host for the device).
-* `--layers split|stacked`, `--layer-loop rolled|unrolled` and `--precision` as in
-  `compare_genlm` (default: `load_model`'s layout, a rolled layer loop, float32).
+* `--layers split|stacked`, `--layer-loop rolled|unrolled`, `--precision` and `--prefetch*` as in
+  `compare_genlm` (default: `load_model`'s layout, a rolled layer loop, float32, prefetching off).
 * By source line (`--summarize TRACE --hlo FILE`): each host event's own time (its duration less
   its children's on the same thread), summed per run by the source line that made the XLA
   operation, read from the optimized HLO of the same program. Dump it while tracing with
@@ -45,6 +45,8 @@ from benchmarks.compare_genlm import (
     Settings,
     add_layer_options,
     add_precision_option,
+    add_prefetch_options,
+    check_prefetch_options,
     layer_layouts,
     model_loader,
     workload_sampler,
@@ -63,6 +65,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--max-tokens", type=int, default=Settings.max_tokens)
     add_layer_options(parser)
     add_precision_option(parser)
+    add_prefetch_options(parser)
     parser.add_argument("--keep-trace", action="store_true", help="also write the perfetto trace")
     parser.add_argument("--summarize", type=Path, default=None,
                         help="only print the summary of a kept trace (<name>.trace.json.gz of --trace-runs runs)")
@@ -77,6 +80,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         parser.error(f"--summarize: no such trace file: {args.summarize}")
     if args.hlo is not None and (args.summarize is None or not args.hlo.is_file()):
         parser.error(f"--hlo needs --summarize and an existing HLO text file (got {args.hlo})")
+    check_prefetch_options(parser, args)
     return args
 
 
@@ -227,7 +231,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         print(text)
         return
     models, loaded = model_loader(args)
-    settings = Settings(runs=args.runs, max_tokens=args.max_tokens, call_costs=False)
+    settings = Settings(runs=args.runs, max_tokens=args.max_tokens, call_costs=False, prefetch=args.prefetch,
+                        prefetch_rows=args.prefetch_rows, prefetch_slots=args.prefetch_slots,
+                        prefetch_children=args.prefetch_children)
     sampler = workload_sampler(args.workload, models, settings)
     sampler(WARMUP_SEED, allow_zero_weight=True)
     with count_compilations() as compiled:

@@ -29,10 +29,18 @@ def test_trace_summary_groups_by_process_per_run():
 
 @pytest.mark.parametrize("argv", [["--runs", "0"], ["--trace-runs", "-1"], ["--workload", "bytes-smollm2"],
                                   ["--layer-loop", "partly"], ["--layers", "flat"],
-                                  ["--summarize", "no-such-trace.json.gz"], ["--hlo", "module.txt"]])
+                                  ["--summarize", "no-such-trace.json.gz"], ["--hlo", "module.txt"],
+                                  ["--prefetch", "-1"], ["--prefetch", "4", "--prefetch-slots", "0"]])
 def test_bad_arguments_stop_before_loading(argv, capsys):
     with pytest.raises(SystemExit):
         parse_args(argv)
+
+
+def test_prefetch_options_are_compare_genlms():
+    args = parse_args([])
+    assert (args.prefetch, args.prefetch_rows) == (0, 0)  # off, as in compare_genlm
+    args = parse_args(["--prefetch", "4", "--prefetch-rows", "8", "--prefetch-children", "0"])
+    assert (args.prefetch, args.prefetch_rows, args.prefetch_children) == (4, 8, 0)
 
 
 def test_device_idle_sums_the_gaps_inside_each_run_by_the_event_after_them():
