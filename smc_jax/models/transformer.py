@@ -112,15 +112,49 @@ def _matmul(spec: str, x: Array, w: Array, out: Any = None) -> Array:
     dtype). With bfloat16 weights under float32 activations (`params.cast_matmuls`) the inputs are
     rounded to bfloat16 for the product only: XLA:CPU multiplies two bfloat16 operands natively,
     where a float32 x bfloat16 product first converts the whole weight matrix."""
-    product = lambda x: jnp.einsum(spec, x.astype(w.dtype), w, preferred_element_type=F32)
-    if math.prod(x.shape[:-1]) == 1 and w.dtype == jnp.bfloat16 and jax.default_backend() == "cpu":
+    rows = math.prod(x.shape[:-1])
+    a, b = spec.split("->")[0].split(",")
+    if (w.dtype == jnp.bfloat16 and rows >= WEIGHTS_LEFT_MIN_ROWS and jax.default_backend() == "cpu"
+            and CPU_HAS_AMX_BF16 and b[1] == a[-1] and spec.endswith(a[:-1] + b[0])):
+        y = _weights_left(x, w)
+    elif rows == 1 and w.dtype == jnp.bfloat16 and jax.default_backend() == "cpu":
         # XLA:CPU turns a one-row bfloat16 matmul into a multiply-and-sum, several times slower
         # than a two-row matmul (a plain SmolLM2 sample: 2.1 s against 1.1 s): multiply the row
         # beside a zero row, as it would be multiplied in any batch of two.
+        product = lambda x: jnp.einsum(spec, x.astype(w.dtype), w, preferred_element_type=F32)
         y = jax.vmap(product)(jnp.stack([x, jnp.zeros_like(x)]))[0]
     else:
-        y = product(x)
+        y = jnp.einsum(spec, x.astype(w.dtype), w, preferred_element_type=F32)
     return y.astype(x.dtype if out is None else out)
+
+
+def _cpu_has_amx_bf16() -> bool:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return "amx_bf16" in f.read().split()
+    except OSError:
+        return False
+
+
+#: `_weights_left` is used where it was measured to give the same bits, faster: bfloat16 weights
+#: on an XLA:CPU with AMX (YNNPACK's AMX kernel either way) and at least 3 rows (1-2 rows take
+#: another kernel in the [rows, in] x [out, in] form; `tests/models/test_matmul.py`).
+CPU_HAS_AMX_BF16 = _cpu_has_amx_bf16()
+WEIGHTS_LEFT_MIN_ROWS = 3
+
+
+def _weights_left(x: Array, w: Array) -> Array:
+    """x [..., in] @ w [out, in]^T computed as w @ x^T (bfloat16 on XLA:CPU).
+
+    XLA:CPU's YNNPACK copies a dot's right operand into its kernel's tile layout on every call.
+    With the weights on the right that copy is most of a small-batch matmul's time
+    (`benchmarks/bench_matmul_forms.py`); with them on the left only the rows are copied. The
+    barrier keeps XLA from folding the transpose back into the dot (which swaps the operands
+    again)."""
+    lead = x.shape[:-1]
+    rows = x.reshape(-1, x.shape[-1]).astype(w.dtype)
+    transposed = jnp.einsum("oi,ni->on", w, rows, preferred_element_type=F32)
+    return jax.lax.optimization_barrier(transposed).T.reshape(*lead, w.shape[0])
 
 
 def _dense(x: Array, p: dict[str, Array], spec: str) -> Array:
