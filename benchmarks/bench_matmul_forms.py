@@ -10,7 +10,8 @@ per layer as `load_model` splits them on CPU) through the library's own `_matmul
 * precision: f32 (float32 weights and products) and bf16 (bfloat16 weights, the rows rounded
   to bfloat16 for the product, float32 accumulation: `LanguageModel.with_matmul_dtype`);
 * form: `out_in` (kernels stored [out, in], as the library stores them) and `in_out` (stored
-  [in, out]);
+  [in, out]). In bfloat16 on a CPU with AMX, `_matmul` multiplies `out_in` kernels from the left
+  at 3 or more rows (`transformer._weights_left`); the committed table predates that;
 * rows: the number of rows multiplied at once.
 
 Each row of the table gives the median milliseconds of the 30 layers and the weights' bytes
