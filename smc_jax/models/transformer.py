@@ -112,19 +112,19 @@ def _matmul(spec: str, x: Array, w: Array, out: Any = None) -> Array:
     dtype). With bfloat16 weights under float32 activations (`params.cast_matmuls`) the inputs are
     rounded to bfloat16 for the product only: XLA:CPU multiplies two bfloat16 operands natively,
     where a float32 x bfloat16 product first converts the whole weight matrix."""
+    product = lambda x: jnp.einsum(spec, x.astype(w.dtype), w, preferred_element_type=F32)
     rows = math.prod(x.shape[:-1])
     a, b = spec.split("->")[0].split(",")
-    if (w.dtype == jnp.bfloat16 and rows >= WEIGHTS_LEFT_MIN_ROWS and jax.default_backend() == "cpu"
-            and CPU_HAS_AMX_BF16 and b[1] == a[-1] and spec.endswith(a[:-1] + b[0])):
+    cpu_bf16 = w.dtype == jnp.bfloat16 and jax.default_backend() == "cpu"
+    if cpu_bf16 and CPU_HAS_AMX_BF16 and rows >= WEIGHTS_LEFT_MIN_ROWS and b[1] == a[-1] and spec.endswith(a[:-1] + b[0]):
         y = _weights_left(x, w)
-    elif rows == 1 and w.dtype == jnp.bfloat16 and jax.default_backend() == "cpu":
+    elif cpu_bf16 and rows == 1:
         # XLA:CPU turns a one-row bfloat16 matmul into a multiply-and-sum, several times slower
         # than a two-row matmul (a plain SmolLM2 sample: 2.1 s against 1.1 s): multiply the row
         # beside a zero row, as it would be multiplied in any batch of two.
-        product = lambda x: jnp.einsum(spec, x.astype(w.dtype), w, preferred_element_type=F32)
         y = jax.vmap(product)(jnp.stack([x, jnp.zeros_like(x)]))[0]
     else:
-        y = jnp.einsum(spec, x.astype(w.dtype), w, preferred_element_type=F32)
+        y = product(x)
     return y.astype(x.dtype if out is None else out)
 
 
