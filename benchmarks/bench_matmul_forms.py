@@ -9,9 +9,14 @@ per layer as `load_model` splits them on CPU) through the library's own `_matmul
 
 * precision: f32 (float32 weights and products) and bf16 (bfloat16 weights, the rows rounded
   to bfloat16 for the product, float32 accumulation: `LanguageModel.with_matmul_dtype`);
-* form: `out_in` (kernels stored [out, in], as the library stores them) and `in_out` (stored
-  [in, out]). In bfloat16 on a CPU with AMX, `_matmul` multiplies `out_in` kernels from the left
-  at 3 or more rows (`transformer._weights_left`); the committed table predates that;
+* form: how the kernels are stored and multiplied:
+  - `out_in`: stored [out, in], as the library stores them, through the library's `_matmul`
+    (in bfloat16 on a CPU with AMX at 3 or more rows, that is the weights-left product below);
+  - `x_wT`: stored [out, in], always the plain product x @ w^T (the library's form before the
+    weights-left product, and its form for float32);
+  - `w_xT`: stored [out, in], always the weights-left product w @ x^T
+    (`transformer._weights_left`; in float32 its bits differ from x @ w^T);
+  - `in_out`: stored [in, out], through `_matmul`;
 * rows: the number of rows multiplied at once.
 
 Each row of the table gives the median milliseconds of the 30 layers and the weights' bytes
@@ -47,38 +52,43 @@ import jax
 import jax.numpy as jnp
 
 from benchmarks.common import markdown_table, save, timed
-from smc_jax.models.transformer import _matmul
+from smc_jax.models.transformer import F32, _matmul, _weights_left
 
 #: SmolLM2-135M (`shared/reference/models.md`): width, MLP width, KV width (3 heads x 64), layers.
 D, F, KV, LAYERS = 576, 1536, 192, 30
 PRECISIONS = {"f32": jnp.float32, "bf16": jnp.bfloat16}
-FORMS = ("out_in", "in_out")
+FORMS = ("out_in", "x_wT", "w_xT", "in_out")
 #: Symbol groups of `--perf`, matched in order on perf's symbol column.
 GROUPS = (("ynn packing", r"ynn::(transpose|interleave|pack)"), ("ynn dot kernels", r"ynn::dot_"),
           ("copies", r"mem(move|cpy)"), ("kernel", r"^\[k\]"))
 
 
-def weights(precision: str, form: str, key: jax.Array) -> list[list[jax.Array]]:
+def weights(precision: str, form: str, key: jax.Array, num_layers: int = LAYERS) -> list[list[jax.Array]]:
     """30 layers of [qkv, o, gate_up, down] kernels, [out, in] (or [in, out]), one buffer each."""
     shapes = [(D + 2 * KV, D), (D, D), (2 * F, D), (D, F)]
     layers = []
-    for layer in range(LAYERS):
+    for layer in range(num_layers):
         keys = jax.random.split(jax.random.fold_in(key, layer), len(shapes))
         ws = [(jax.random.normal(k, s, jnp.float32) / s[1] ** 0.5).astype(PRECISIONS[precision])
               for k, s in zip(keys, shapes)]
-        layers.append([w if form == "out_in" else jnp.asarray(w.T).copy() for w in ws])
+        layers.append([jnp.asarray(w.T).copy() if form == "in_out" else w for w in ws])
     return layers
 
 
 def layer_matmuls(form: str):
     """The 30 layers' weight matmuls on [rows, D] float32 rows (a residual stream, no attention)."""
-    spec = "rd,od->ro" if form == "out_in" else "rd,do->ro"
+    product = {
+        "out_in": lambda x, w: _matmul("rd,od->ro", x, w),
+        "x_wT": lambda x, w: jnp.einsum("rd,od->ro", x.astype(w.dtype), w, preferred_element_type=F32),
+        "w_xT": lambda x, w: _weights_left(x, w),
+        "in_out": lambda x, w: _matmul("rd,do->ro", x, w),
+    }[form]
 
     def run(x: jax.Array, layers: list[list[jax.Array]]) -> jax.Array:
         for qkv, o, gate_up, down in layers:
-            a = _matmul(spec, x, qkv)
-            gate, up = jnp.split(_matmul(spec, x, gate_up), 2, axis=-1)
-            x = x + 1e-2 * (_matmul(spec, a[:, :D], o) + _matmul(spec, jax.nn.silu(gate) * up, down))
+            a = product(x, qkv)
+            gate, up = jnp.split(product(x, gate_up), 2, axis=-1)
+            x = x + 1e-2 * (product(a[:, :D], o) + product(jax.nn.silu(gate) * up, down))
         return x
 
     return jax.jit(run)
@@ -198,8 +208,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     table = save(args.name, rows, ["precision", "form", "rows", "ms", "GB_per_s", "weights_MB"],
                  {"rows": args.rows, "repeats": args.repeats, "perf_rows": args.perf_rows if shares else None,
                   "perf": shares},
-                 notes=("SmolLM2-135M's 30 layers of weight matmuls (random weights, one buffer per layer) through "
-                        "`smc_jax.models.transformer._matmul`: median ms and weight bytes read per second."),
+                 notes=("SmolLM2-135M's 30 layers of weight matmuls (random weights, one buffer per layer): median ms "
+                        "and weight bytes read per second. Forms: out_in, the library's `_matmul` on [out, in] kernels; "
+                        "x_wT, the plain product x @ w^T; w_xT, the weights-left product w @ x^T "
+                        "(`transformer._weights_left`); in_out, `_matmul` on [in, out] kernels."),
                  appendix=appendix)
     print(table)
     if appendix:

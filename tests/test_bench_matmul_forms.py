@@ -26,3 +26,22 @@ def test_sample_shares_group_packing_kernels_copies_and_the_rest():
 def test_bad_arguments_stop_before_any_work(argv):
     with pytest.raises(SystemExit):
         parse_args(argv)
+
+
+@pytest.mark.parametrize("precision", ["f32", "bf16"])
+def test_every_form_computes_the_same_layers(precision):
+    """The table compares one function in four forms: same weights (transposed for in_out), same
+    result up to the products' rounding; the library's float32 form is the plain product, bit for bit."""
+    import jax
+    import numpy as np
+
+    from benchmarks.bench_matmul_forms import D, FORMS, layer_matmuls, weights
+
+    x = jax.random.normal(jax.random.PRNGKey(1), (10, D))
+    out = {form: np.asarray(layer_matmuls(form)(x, weights(precision, form, jax.random.PRNGKey(0), num_layers=2)))
+           for form in FORMS}
+    for form in FORMS:
+        np.testing.assert_allclose(out[form], out["x_wT"], rtol=0, atol=1e-5 if precision == "f32" else 2e-2)
+    if precision == "f32":
+        np.testing.assert_array_equal(out["out_in"], out["x_wT"])
+    assert not np.array_equal(out["x_wT"], x)  # the layers did something
