@@ -64,7 +64,7 @@ GROUPS = (("ynn packing", r"ynn::(transpose|interleave|pack)"), ("ynn dot kernel
 
 
 def weights(precision: str, form: str, key: jax.Array, num_layers: int = LAYERS) -> list[list[jax.Array]]:
-    """30 layers of [qkv, o, gate_up, down] kernels, [out, in] (or [in, out]), one buffer each."""
+    """`num_layers` layers of [qkv, o, gate_up, down] kernels, [out, in] ([in, out] for `in_out`), one buffer each."""
     shapes = [(D + 2 * KV, D), (D, D), (2 * F, D), (D, F)]
     layers = []
     for layer in range(num_layers):
