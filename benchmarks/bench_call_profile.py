@@ -184,7 +184,7 @@ class _StubModel:
     def __init__(self, k, v):
         self.k, self.v = k, v
 
-    def step(self, prefix, pool, paths, depth, tokens, write_at):
+    def step(self, prefix, pool, paths, depth, tokens, write_at, span=None):
         logits = jnp.zeros((tokens.shape[0], 1), jnp.float32)
         return logits, KVPool(k=pool.k.at[:, write_at].set(self.k.astype(pool.k.dtype), mode="drop"),
                               v=pool.v.at[:, write_at].set(self.v.astype(pool.v.dtype), mode="drop"))

@@ -81,7 +81,8 @@ Conventions, so that both sides do the same work:
   axis, which a `lax.scan` slices and XLA copies on every call, see bench_call_profile) unless
   `--layers split|stacked`, and runs the layers in a rolled loop unless `--layer-loop unrolled`
   (`transformer.UNROLL_LAYERS`: straight-line, each layer compiled apart). Same arithmetic,
-  logits within 2e-4.
+  logits within 2e-4. On CPU each call reads its rows' paths only up to the longest of them
+  (`paged.CUT_PATHS_ON`) unless `--whole-paths` (same bits for SmolLM2, within 1e-4 for Gemma 3).
 * Precision: both sides run float32 models (the same dequantized GGUF weights) unless
   `--precision bf16-matmuls`: then smc_jax multiplies in bfloat16 with float32 accumulation and
   float32 activations (`load_model(..., matmul_dtype=jnp.bfloat16)`) and GenLM's torch model is
@@ -125,7 +126,7 @@ from smc_jax.ensemble import CustomEnsemble
 from smc_jax.evaluation.stats import CONFIDENCE, Interval, t_interval
 from smc_jax.experts.base import ExpertStack, expert_failure
 from smc_jax.experts.byte import ByteExperts
-from smc_jax.models import transformer
+from smc_jax.models import paged, transformer
 from smc_jax.models.contexts import bucket_sizes
 from smc_jax.models.lm import LanguageModel
 from smc_jax.models.paged import paged_decode
@@ -641,18 +642,24 @@ def check_prefetch_options(parser: argparse.ArgumentParser, args: argparse.Names
 
 
 def add_layer_options(parser: argparse.ArgumentParser) -> None:
-    """--layers (the weight layout) and --layer-loop (rolled or straight-line), read by `model_loader`."""
+    """--layers (the weight layout), --layer-loop (rolled or straight-line) and --whole-paths, read by
+    `model_loader`."""
     parser.add_argument("--layers", choices=("split", "stacked"), default=None,
                         help="smc_jax: load_model(..., split_layers=...) (default: load_model's, split on CPU)")
     parser.add_argument("--layer-loop", choices=("rolled", "unrolled"), default=None,
                         help="smc_jax: transformer.UNROLL_LAYERS (default: rolled)")
+    parser.add_argument("--whole-paths", action="store_true",
+                        help="smc_jax: read every path whole (paged.CUT_PATHS_ON = ()), as before path cutting; "
+                             "(bench_path_cut compares both ways)")
 
 
 def model_loader(args: argparse.Namespace) -> tuple[Callable[[str], LanguageModel], dict[str, LanguageModel]]:
-    """Sets the layer loop of --layer-loop; returns name -> model, each loaded once with --layers
+    """Sets the layer loop of --layer-loop and --whole-paths; returns name -> model, each loaded once with --layers
     and --precision, and the models loaded so far."""
     if args.layer_loop is not None:
         transformer.UNROLL_LAYERS = args.layer_loop == "unrolled"
+    if args.whole_paths:
+        paged.CUT_PATHS_ON = ()
     split = None if args.layers is None else args.layers == "split"
     precision = PRECISIONS[args.precision]
     loaded: dict[str, LanguageModel] = {}
@@ -666,10 +673,12 @@ def model_loader(args: argparse.Namespace) -> tuple[Callable[[str], LanguageMode
 
 
 def layer_layouts(models: Iterable[LanguageModel]) -> list[str]:
-    """How smc_jax's loaded models hold their layer weights (see `load_model(split_layers=...)`)
-    and the layer loop they run (`transformer.UNROLL_LAYERS`)."""
+    """How smc_jax's loaded models hold their layer weights (see `load_model(split_layers=...)`),
+    the layer loop they run (`transformer.UNROLL_LAYERS`) and whether paths are cut to each
+    call's span (`paged.CUT_PATHS_ON`)."""
     loop = "straight-line" if transformer.UNROLL_LAYERS else "rolled"
-    return sorted({f"{'split' if model.split_layers else 'stacked'}, {loop}" for model in models})
+    paths = "paths cut to the span" if jax.default_backend() in paged.CUT_PATHS_ON else "whole paths"
+    return sorted({f"{'split' if model.split_layers else 'stacked'}, {loop}, {paths}" for model in models})
 
 
 def threads_used(genlm: GenLM | None) -> dict[str, Any]:

@@ -8,8 +8,9 @@ smc_jax side, timed, then run under `jax.profiler.trace` and summed from the tra
   Per process: events and summed durations per run; its 25 largest event names; on a device,
   the copies between host and device (each device-to-host copy of a loop or branch predicate is
   a wait of the host for the device).
-* `--layers split|stacked`, `--layer-loop rolled|unrolled`, `--precision` and `--prefetch*` as in
-  `compare_genlm` (default: `load_model`'s layout, a rolled layer loop, float32, prefetching off).
+* `--layers split|stacked`, `--layer-loop rolled|unrolled`, `--whole-paths`, `--precision` and
+  `--prefetch*` as in `compare_genlm` (default: `load_model`'s layout, a rolled layer loop, paths
+  cut to each call's span, float32, prefetching off).
 * By source line (`--summarize TRACE --hlo FILE`): each host event's own time (its duration less
   its children's on the same thread), summed per run by the source line that made the XLA
   operation, read from the optimized HLO of the same program. Dump it while tracing with

@@ -4,6 +4,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import struct
 
 from smc_jax.models.contexts import (
     NO_CONTEXT,
@@ -18,6 +19,26 @@ from smc_jax.models.contexts import (
 )
 from smc_jax.experts.toy import NGramTokenLM
 from smc_jax.utils.compilation import count_compilations
+
+
+@struct.dataclass
+class SpanChecked:
+    """A toy LM whose logits are NaN in a call whose `span` is below a row's depth: extend_group
+    must bound every path it sends (the transformer reads only the first `span` slots)."""
+
+    lm: NGramTokenLM
+
+    @property
+    def vocab_size(self) -> int:
+        return self.lm.vocab_size
+
+    def init_pool(self, capacity: int):
+        return self.lm.init_pool(capacity)
+
+    def step(self, prefix, pool, paths, depth, tokens, write_at, tree=False, span=None):
+        assert span is not None and span.shape == (), "extend_group passes one span for all experts"
+        logits, pool = self.lm.step(prefix, pool, paths, depth, tokens, write_at, tree)
+        return jnp.where(span >= jnp.max(depth), logits, jnp.nan), pool
 
 
 def test_dedupe_groups_identical_requests():
@@ -56,7 +77,8 @@ def run_random_walk(order: int, steps: int, seed: int):
     ctx = jnp.full((k, r), PROMPT_CONTEXT, jnp.int32)
     tokens_of = [[[] for _ in range(r)] for _ in range(k)]
     rng = np.random.default_rng(seed)
-    step = jax.jit(lambda st, c, t, a: extend_group(st, lm, prefixes, c, t, a, c, summarize, bucket_sizes(r, typical=r)))
+    step = jax.jit(lambda st, c, t, a: extend_group(st, SpanChecked(lm), prefixes, c, t, a, c, summarize,
+                                                    bucket_sizes(r, typical=r)))
     calls = 0
     with count_compilations() as compiles:
         for _ in range(steps):
@@ -262,7 +284,7 @@ def test_linked_optional_rows_continue_rows_of_the_same_call():
             (PROMPT_CONTEXT, 8, -1), (0, 1, 8)]
     o_parent, o_token, link = (jnp.asarray([[row[i] for row in rows]], jnp.int32) for i in range(3))
     o_valid = jnp.asarray([[i != 8 for i in range(len(rows))]])
-    step = jax.jit(lambda st, buckets, grow: extend_group(st, lm, prefix[None], parent, token, valid, keep, lambda x: x,
+    step = jax.jit(lambda st, buckets, grow: extend_group(st, SpanChecked(lm), prefix[None], parent, token, valid, keep, lambda x: x,
                                                           buckets, optional=(o_parent, o_token, o_valid), grow=grow, link=link),
                    static_argnums=(1, 2))
     out, new, opt = step(stores, (4, 8, 16), 8)

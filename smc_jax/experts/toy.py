@@ -270,7 +270,7 @@ class NGramTokenLM:
     def init_pool(self, capacity: int) -> Int[Array, "N"]:
         return jnp.zeros((capacity,), jnp.int32)
 
-    def step(self, prefix, pool, paths, depth, tokens, write_at, tree=False):
+    def step(self, prefix, pool, paths, depth, tokens, write_at, tree=False, span=None):
         h = self.order - 1
         # Written before it is read: a path may name an entry this call writes (`tree`).
         pool = pool.at[write_at].set(tokens, mode="drop")

@@ -58,11 +58,14 @@ class PagedModel(Protocol):
         tokens: Int[Array, "C"],
         write_at: Int[Array, "C"],
         tree: bool = False,
+        span: Int[Array, ""] | None = None,
     ) -> tuple[Float[Array, "C V"], PyTree]:
         """Feeds tokens[c] after the prompt and the entries paths[c, :depth[c]]; returns the
         next-token logits and the pool with token c's keys/values stored at entry write_at[c]
         (an out-of-range write_at means: do not store). With `tree` (static), a path may name
-        an entry write_at[j] of this call: row c then continues row j's token (tree attention)."""
+        an entry write_at[j] of this call: row c then continues row j's token (tree attention).
+        `span` (unbatched) is a bound on every depth[c]: the model may read only paths[:, :span],
+        and its results must not depend on it."""
 
 
 @struct.dataclass
@@ -123,11 +126,14 @@ def init_store(
 def context_tokens_path(store: ContextStore, contexts: Int[Array, "C"]) -> tuple[Int[Array, "C S"], Int[Array, "C"]]:
     """The entry path and its length for each context (empty for the prompt context)."""
     entry = store.entry_of(contexts)
-    is_prompt = entry == PROMPT_ENTRY
-    safe = jnp.clip(entry, 0, store.num_entries - 1)
-    paths = jnp.where(is_prompt[:, None], 0, store.path[safe])
-    depth = jnp.where(is_prompt, 0, store.depth[safe])
-    return paths, depth
+    paths = jnp.where((entry == PROMPT_ENTRY)[:, None], 0, store.path[jnp.clip(entry, 0, store.num_entries - 1)])
+    return paths, context_depth(store, contexts)
+
+
+def context_depth(store: ContextStore, contexts: Int[Array, "..."]) -> Int[Array, "..."]:
+    """The number of continuation tokens of each context (0 for the prompt context)."""
+    entry = store.entry_of(contexts)
+    return jnp.where(entry == PROMPT_ENTRY, 0, store.depth[jnp.clip(entry, 0, store.num_entries - 1)])
 
 
 class Requests(struct.PyTreeNode):
@@ -176,6 +182,7 @@ def extend_contexts(
     summarize: Callable[[Float[Array, "U V"]], PyTree],
     needed: Bool[Array, "U"] | None = None,
     parent_row: Int[Array, "U"] | None = None,
+    span: Int[Array, ""] | None = None,
 ) -> tuple[ContextStore, Int[Array, "U"]]:
     """Creates context parent + token for each valid row with one model call of U rows.
 
@@ -183,8 +190,9 @@ def extend_contexts(
     `needed` (default: `valid`) marks the rows counted as requests (the others are prefetched).
     `parent_row[u] >= 0` makes row u continue the context that row parent_row[u] creates in
     this same call (tree attention; that row must have no such parent itself, and parent[u] is
-    ignored); the row is created only where its parent row is. Returns the store and the new
-    context ids (NO_CONTEXT for invalid rows)."""
+    ignored); the row is created only where its parent row is. `span` bounds the rows' path
+    lengths (see `PagedModel.step`). Returns the store and the new context ids (NO_CONTEXT for
+    invalid rows)."""
     n, t = store.num_entries, store.num_contexts
     u = parent.shape[0]
     in_call = jnp.zeros((u,), bool) if parent_row is None else parent_row >= 0
@@ -215,8 +223,10 @@ def extend_contexts(
 
     written = jnp.sum(ok).astype(jnp.int32)
 
-    step_args = (prefix, store.pool, paths, depth, token, write_entry)
-    logits, pool = model.step(*step_args) if parent_row is None else model.step(*step_args, tree=True)
+    options = {} if span is None else {"span": span}
+    if parent_row is not None:
+        options["tree"] = True
+    logits, pool = model.step(prefix, store.pool, paths, depth, token, write_entry, **options)
     new_paths = extended(paths, depth)
     summaries = summarize(logits)
     store = ContextStore(
@@ -317,6 +327,12 @@ def extend_group(
     row = jnp.where(opt_valid, row, _NO_ROW)
     parent_row = jnp.where(linked & opt_valid, at_link(row), -1)
 
+    # The longest path a row of the call continues, +1 for rows continuing a row of the call:
+    # found outside the vmap over experts, so the model cuts its paths to one width for all.
+    depth_of = lambda parents, ok: jnp.where(ok, jax.vmap(context_depth)(stores, parents), 0)
+    span = jnp.maximum(jnp.max(depth_of(parent, valid), initial=0), jnp.max(depth_of(opt_parent, opt_valid), initial=0))
+    span = span + (0 if link is None else 1)
+
     sizes = jnp.asarray(buckets)
     bucket = lambda n: jnp.minimum(jnp.searchsorted(sizes, n, side="left"), len(buckets) - 1)
     # Optional rows never take the last size (the worst case, far larger than the others).
@@ -333,7 +349,7 @@ def extend_group(
                 rows_link = None if link is None else fill(jnp.full((r,), -1, jnp.int32), p_row)
                 store, created = extend_contexts(
                     store, model, prefix, fill(req.parent, o_parent), fill(req.token, o_token),
-                    fill(req.valid, jnp.ones_like(fresh_k)), keep_k, summarize, req.valid[:size], rows_link,
+                    fill(req.valid, jnp.ones_like(fresh_k)), keep_k, summarize, req.valid[:size], rows_link, span,
                 )
                 return store, jnp.full((r + e,), NO_CONTEXT, jnp.int32).at[:size].set(created)
 

@@ -133,6 +133,7 @@ class PagedFlaxLM:
         tokens: Int[Array, " rows"],
         write_at: Int[Array, " rows"],
         tree: bool = False,
+        span: Int[Array, ""] | None = None,
     ) -> tuple[Float[Array, "rows vocab"], TokenPool]:
         """Next-token logits of R rows after feeding each its token, and the pool with the tokens
         written (the interface of `PagedTransformer.step`).
@@ -154,6 +155,9 @@ class PagedFlaxLM:
         tree : bool
             Whether a path may name an entry this call writes (another row's token): the tokens
             are written before the paths are read, so that needs nothing more here.
+        span : int scalar, optional
+            A bound on `depth` (see `PagedModel.step`); unused: every row runs its whole padded
+            sequence.
 
         Returns
         -------

@@ -14,6 +14,14 @@ A path may also name entries that the same call writes (`written`): row c then a
 j's new key/value, computed in this call, wherever paths[c] names written[j] (tree attention:
 one call feeds a token and some of its continuations). Such slots are masked in the pool block
 (the pool holds stale data there) and read from the rows' own block instead.
+
+Paths are as wide as the longest continuation (max_tokens slots), but a call's rows are mostly
+far shorter. Given `span`, a bound on every row's depth, the step gathers and attends over only
+the narrowest of `transformer.path_widths` that holds it. Every span gives the same bits, so a
+row's logits never depend on the other rows of its call (masked slots are dropped from the end
+of the attention, whose sums do not depend on the width). The attention compiled inside that
+switch may round differently from the one compiled without it: SmolLM2's runs are the same bits
+either way, Gemma 3's logits move by up to 1e-4 (`benchmarks/bench_path_cut.py`).
 """
 
 from __future__ import annotations
@@ -28,13 +36,19 @@ from jaxtyping import Array, Float, Int
 from smc_jax.models.cache import PrefixCache
 from smc_jax.models.config import ModelConfig
 from smc_jax.models.params import Params, activation_dtype
-from smc_jax.models.transformer import Keys, decoder, embed, output_logits
+from smc_jax.models.transformer import Keys, PagedKeys, decoder, embed, output_logits
 
 
 @struct.dataclass
 class KVPool:
     k: Float[Array, "layers entries kv_heads head_dim"]
     v: Float[Array, "layers entries kv_heads head_dim"]
+
+
+#: Backends on which a call's `span` cuts its path block (`transformer.PagedKeys`). Measured on
+#: CPU (SmolLM2, two prompts, 10 rows each: a call 16-25% faster at paths of up to 16 slots); on
+#: a GPU a switch per layer is unmeasured (rows are nearly free there), so paths stay whole.
+CUT_PATHS_ON = ("cpu",)
 
 
 def paged_decode(
@@ -46,12 +60,17 @@ def paged_decode(
     depth: Int[Array, " rows"],
     tokens: Int[Array, " rows"],
     written: Int[Array, " rows"] | None = None,
+    span: Int[Array, ""] | None = None,
 ) -> tuple[Float[Array, "rows vocab"], Float[Array, "layers rows kv_heads head_dim"], Array]:
     """One new token per row at position prefix.length + depth[c], attending to the prompt, to
     the pool entries paths[c, :depth[c]] and to itself. With `written` (the entries this call
-    writes, out of range for none), a path entry written[j] stands for row j's new token.
+    writes, out of range for none), a path entry written[j] stands for row j's new token. With
+    `span` (unbatched, >= every depth[c]), only the first slots of the paths that hold `span`
+    are read (`transformer.PagedKeys`; the same bits at any span, less work for short paths).
     Returns logits and the new keys/values."""
     rows, slots = paths.shape
+    if jax.default_backend() not in CUT_PATHS_ON:
+        span = None
     q_pos = (prefix.length + depth)[:, None].astype(jnp.int32)
     prompt_pos = jnp.arange(prefix.k.shape[1], dtype=jnp.int32)
     slot = jnp.arange(slots, dtype=jnp.int32)[None]
@@ -63,11 +82,11 @@ def paged_decode(
         suffix_valid = suffix_valid & ~jnp.any(names, axis=2)
         tree = jnp.any(names, axis=1) | jnp.eye(rows, dtype=bool)
 
-    def context(kv: tuple[Array, Array, Array]) -> list[Keys]:
+    def context(kv: tuple[Array, Array, Array]) -> list[Keys | PagedKeys]:
         pk, pv, layer = kv  # this layer's prompt cache, and its index into the pool
         return [
             Keys(pk, pv, prompt_pos, prompt_pos < prefix.length),
-            Keys(pool.k[layer, paths], pool.v[layer, paths], suffix_pos, suffix_valid),
+            PagedKeys(pool.k, pool.v, layer, paths, suffix_pos, suffix_valid, span),
         ]
 
     # The pool is not scanned over: the layer loop reads only the rows' path entries of each
@@ -92,6 +111,9 @@ class PagedTransformer:
 
     params: Params
     config: ModelConfig = struct.field(pytree_node=False)
+    #: Cut each call's paths to its span where the backend is in CUT_PATHS_ON; False reads them
+    #: whole (a static field, so both can be compiled side by side: `bench_path_cut`).
+    cut_paths: bool = struct.field(pytree_node=False, default=True)
 
     @property
     def vocab_size(self) -> int:
@@ -115,9 +137,11 @@ class PagedTransformer:
         tokens: Int[Array, " rows"],
         write_at: Int[Array, " rows"],
         tree: bool = False,
+        span: Int[Array, ""] | None = None,
     ) -> tuple[Float[Array, "rows vocab"], KVPool]:
         written = write_at if tree else None
-        logits, k, v = _traced_once(self.params, self.config, prefix, pool, paths, depth, tokens, written)
+        span = span if self.cut_paths else None
+        logits, k, v = _traced_once(self.params, self.config, prefix, pool, paths, depth, tokens, written, span)
         return logits, KVPool(
             k=pool.k.at[:, write_at].set(k.astype(pool.k.dtype), mode="drop"),
             v=pool.v.at[:, write_at].set(v.astype(pool.v.dtype), mode="drop"),

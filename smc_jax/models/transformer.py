@@ -35,6 +35,7 @@ weights under float32 activations (`params.cast_matmuls`) halve the bytes a call
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
@@ -77,6 +78,49 @@ class Keys(NamedTuple):
     @property
     def shared(self) -> bool:
         return self.k.ndim == 3
+
+
+class PagedKeys(NamedTuple):
+    """Per-row keys read from a paged pool: row r's slot s is entry paths[r, s] of the pool's
+    layer `layer` (k, v: [layers, entries, kv_heads, head_dim]), at pos[r, s], visible where
+    valid[r, s].
+
+    `span` (an unbatched scalar, or None) bounds every row's valid slots: slots >= span are
+    invalid. The attention then gathers and multiplies only the narrowest of `path_widths`
+    holding `span` slots (a switch), not all of them: paths are sized for the longest
+    continuation, and most rows of a call are far shorter.
+    """
+
+    k: Float[Array, "layers entries kv_heads head_dim"]
+    v: Float[Array, "layers entries kv_heads head_dim"]
+    layer: Int[Array, ""]
+    paths: Int[Array, "rows slots"]
+    pos: Int[Array, "rows slots"]
+    valid: Bool[Array, "rows slots"]
+    span: Int[Array, ""] | None = None
+
+    @property
+    def size(self) -> int:
+        return self.paths.shape[1]
+
+    def first(self, width: int) -> Keys:
+        """The block's first `width` slots, gathered from the pool."""
+        paths = self.paths[:, :width]
+        return Keys(self.k[self.layer, paths], self.v[self.layer, paths], self.pos[:, :width], self.valid[:, :width])
+
+
+#: The narrowest path width a paged attention block is cut to (see `path_widths`).
+MIN_PATH_WIDTH = 8
+
+
+def path_widths(slots: int) -> tuple[int, ...]:
+    """The widths a paged block of `slots` slots may be cut to: MIN_PATH_WIDTH doubled while
+    below `slots`, then `slots` (each width compiles its own attention, so there are few)."""
+    widths, width = [], MIN_PATH_WIDTH
+    while width < slots:
+        widths.append(width)
+        width *= 2
+    return (*widths, slots)
 
 
 def _norm(x: Float[Array, "... d"], p: dict[str, Array], config: ModelConfig) -> Float[Array, "... d"]:
@@ -193,7 +237,7 @@ def _rope(
 def _attend(
     q: Float[Array, "rows tokens heads head_dim"],
     q_pos: Int[Array, "rows tokens"],
-    blocks: Sequence[Keys],
+    blocks: Sequence[Keys | PagedKeys],
     scale: Float[Array, ""],
     sliding: Bool[Array, ""],
     config: ModelConfig,
@@ -201,8 +245,34 @@ def _attend(
     """Softmax attention of every query over the concatenation of the key blocks.
 
     Grouped-query: head h uses kv head h // (heads / kv_heads). A shared block is read once for
-    all rows (an einsum without a row axis on the keys), never copied per row.
+    all rows (an einsum without a row axis on the keys), never copied per row. A paged block
+    (at most one) goes last and is read at the width its span needs (a switch over
+    `path_widths`): cutting it then only drops trailing keys, all masked, so the softmax sums
+    the same keys in the same order and every width gives the same bits
+    (`tests/models/test_paged.py`).
     """
+    paged = [block for block in blocks if isinstance(block, PagedKeys)]
+    if not paged:
+        return _attend_keys(q, q_pos, blocks, scale, sliding, config)
+    (block,) = paged
+    others = [b for b in blocks if not isinstance(b, PagedKeys)]
+    at = lambda w: _attend_keys(q, q_pos, [*others, block.first(w)], scale, sliding, config)
+    widths = path_widths(block.size)
+    if block.span is None or len(widths) == 1:
+        return at(block.size)
+    index = jnp.minimum(jnp.searchsorted(jnp.asarray(widths), block.span, side="left"), len(widths) - 1)
+    return jax.lax.switch(index, [lambda w=w: at(w) for w in widths])
+
+
+def _attend_keys(
+    q: Float[Array, "rows tokens heads head_dim"],
+    q_pos: Int[Array, "rows tokens"],
+    blocks: Sequence[Keys],
+    scale: Float[Array, ""],
+    sliding: Bool[Array, ""],
+    config: ModelConfig,
+) -> Float[Array, "rows tokens heads head_dim"]:
+    """`_attend` over key blocks in memory."""
     rows, tokens, heads, hd = q.shape
     kv_heads = config.num_kv_heads
     qg = q.reshape(rows, tokens, kv_heads, heads // kv_heads, hd)
@@ -217,20 +287,35 @@ def _attend(
         if config.uses_sliding_window:
             ok = ok & (~sliding | (qp - kp < config.sliding_window))
         visible.append(jnp.broadcast_to(ok, (rows, tokens, block.k.shape[-3])))
-    s = jnp.concatenate(scores, axis=-1) * scale
-    if config.attn_softcap is not None:
-        s = jnp.tanh(s / config.attn_softcap) * config.attn_softcap
-    s = jnp.where(jnp.concatenate(visible, axis=-1)[:, :, None, None, :], s, MASK_VALUE)
-    probs = jax.nn.softmax(s, axis=-1)
+    for i, (s, ok) in enumerate(zip(scores, visible)):
+        s = s * scale
+        if config.attn_softcap is not None:
+            s = jnp.tanh(s / config.attn_softcap) * config.attn_softcap
+        scores[i] = jnp.where(ok[:, :, None, None, :], s, MASK_VALUE)
+    # Softmax over all blocks, each block's terms summed by `_pairwise_sum`: keys appended
+    # after a block's last visible one (zero terms) then leave every sum's bits unchanged.
+    top = functools.reduce(jnp.maximum, [jnp.max(s, axis=-1, keepdims=True) for s in scores])
+    terms = [jnp.exp(s - top) for s in scores]
+    total = functools.reduce(jnp.add, [_pairwise_sum(t) for t in terms])
     out = jnp.zeros(qg.shape, F32)
-    start = 0
-    for block in blocks:
-        size = block.k.shape[-3]
-        p = probs[..., start : start + size].astype(block.v.dtype)
+    for block, t in zip(blocks, terms):
+        p = (t / total).astype(block.v.dtype)
         spec = "rtkgs,skd->rtkgd" if block.shared else "rtkgs,rskd->rtkgd"
         out = out + jnp.einsum(spec, p, block.v, preferred_element_type=F32)
-        start += size
     return out.reshape(rows, tokens, heads, hd).astype(q.dtype)
+
+
+def _pairwise_sum(x: Float[Array, "... n"]) -> Float[Array, "... 1"]:
+    """Sum over the last axis by a fixed pairwise tree over its length padded to a power of
+    two: x[:h] + x[h:] until one term is left. Unlike XLA's reduce, whose order depends on the
+    length, the sum of x and of x followed by zeros are the same bits."""
+    n = x.shape[-1]
+    width = 1 << max(n - 1, 0).bit_length()
+    x = jnp.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, width - n)])
+    while width > 1:
+        width //= 2
+        x = x[..., :width] + x[..., width:]
+    return x
 
 
 def _mlp(x: Float[Array, "rows tokens d"], lp: Params, config: ModelConfig) -> Float[Array, "rows tokens d"]:
@@ -273,7 +358,7 @@ def _qk_norm(x: Array, p: dict[str, Array], config: ModelConfig) -> Array:
     return _norm(x.reshape(*x.shape[:2], -1), p, config).reshape(x.shape)
 
 
-ContextFn = Callable[[Any], list[Keys]]
+ContextFn = Callable[[Any], list[Keys | PagedKeys]]
 """Builds a layer's cached key blocks from that layer's slice of the scanned cache arrays."""
 
 

@@ -123,3 +123,103 @@ def test_tree_rows_continue_rows_of_the_same_call(tiny, arch):
     # Without tree attention, row 1 would read stale pool data at entry 4: the logits differ.
     stale, _ = step(prefix, pool, *args)
     assert not np.allclose(np.asarray(stale[1]), want[1], atol=1e-3)
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma3", "gemma2"])
+@pytest.mark.parametrize("tree", [False, True])
+def test_paths_cut_to_the_span_give_the_same_bits(tiny, arch, tree):
+    """A span (the longest path of the call, or any bound above it) makes the step gather and
+    attend over the narrowest `path_widths` that holds it: the logits and new keys/values are
+    the same bits at every span, and here those of the whole paths (not guaranteed for every
+    model: Gemma 3's differ within 1e-4, `docs/models.md`); the compiled step does read
+    narrower paths."""
+    from smc_jax.models.transformer import path_widths
+
+    path, _ = tiny(arch)
+    model = load_model(path)
+    paged = PagedTransformer(params=model.params, config=model.config)
+    prefix, _ = model.prefill([5, 6, 7])
+    entries, rows, slots = 64, 5, 40
+    assert path_widths(slots) == (8, 16, 32, 40)
+    rng = np.random.default_rng(2)
+    keys = jax.random.split(jax.random.key(3), 2)
+    pool = paged.init_pool(entries)
+    pool = type(pool)(k=jax.random.normal(keys[0], pool.k.shape, pool.k.dtype),
+                      v=jax.random.normal(keys[1], pool.v.shape, pool.v.dtype))
+    paths = jnp.asarray(rng.integers(0, entries, size=(rows, slots)), jnp.int32)
+    depth = jnp.asarray([11, 0, 7, 11, 3], jnp.int32)
+    tokens = jnp.asarray([3, 4, 5, 6, 7], jnp.int32)
+    write = jnp.asarray([50, 51, 52, 53, entries], jnp.int32)
+    if tree:  # row 3 continues row 0's token of this call
+        paths = paths.at[3, 11].set(50)
+        depth = depth.at[3].set(12)
+    step = jax.jit(paged.step, static_argnames="tree")
+    want_logits, want_pool = step(prefix, pool, paths, depth, tokens, write, tree=tree)
+    for span in (12, 16, 17, 40, 1000):
+        logits, new_pool = step(prefix, pool, paths, depth, tokens, write, tree=tree, span=jnp.int32(span))
+        np.testing.assert_array_equal(np.asarray(logits), np.asarray(want_logits), err_msg=f"span {span}")
+        np.testing.assert_array_equal(np.asarray(new_pool.k), np.asarray(want_pool.k), err_msg=f"span {span}")
+        np.testing.assert_array_equal(np.asarray(new_pool.v), np.asarray(want_pool.v), err_msg=f"span {span}")
+    # Without a span the paths are read whole; with one, every width has its own gather.
+    kv = f"{model.config.num_kv_heads},{model.config.head_dim}]"
+    whole = step.lower(prefix, pool, paths, depth, tokens, write, tree=tree).as_text()
+    cut = step.lower(prefix, pool, paths, depth, tokens, write, tree=tree, span=jnp.int32(12)).as_text()
+    assert f"{rows}x8x{kv.replace(',', 'x').rstrip(']')}" not in whole.replace(",", "x")
+    for width in (8, 16, 32, 40):
+        assert f"{rows}x{width}x{kv.replace(',', 'x').rstrip(']')}" in cut.replace(",", "x"), width
+
+
+def test_token_smc_with_cut_paths_is_the_same_run(tiny, monkeypatch):
+    """A whole token-SMC run over a tiny transformer (paths of 20 slots: widths 8, 16, 20, all
+    used as the particles grow) gives the same samples, weights and log Z-hat, bit for bit, as
+    the run that reads every path whole."""
+    from smc_jax.ensemble import make_ensemble
+    from smc_jax.experts.token import TokenExperts
+    from smc_jax.models import transformer
+    from smc_jax.smc import SMC
+
+    path, _ = tiny("llama")
+    model = load_model(path)
+    prefixes, logits = zip(*[model.prefill(p) for p in ([5, 6, 7], [8, 9])])
+    experts = TokenExperts(model=PagedTransformer(params=model.params, config=model.config),
+                           prefixes=jax.tree.map(lambda *x: jnp.stack(x), *prefixes), prompt_logits=jnp.stack(logits),
+                           eos_ids=(model.config.vocab_size - 1,), max_tokens=20)
+    smc = SMC(num_particles=6, max_length=20, ess_threshold=0.7, at_max_length="truncate")
+
+    def run():
+        jax.clear_caches()  # the path widths are read at trace time
+        result = smc(jax.random.key(4), experts, make_ensemble("product", 2))
+        return [list(map(list, result.sequences)), np.asarray(result.log_weights), np.asarray(result.log_Z)]
+
+    cut = run()
+    assert max(len(s) for s in cut[0]) > 16  # the run reached the last width
+    monkeypatch.setattr(transformer, "path_widths", lambda slots: (slots,))
+    whole = run()
+    assert cut[0] == whole[0]
+    np.testing.assert_array_equal(cut[1], whole[1])
+    np.testing.assert_array_equal(cut[2], whole[2])
+
+
+@pytest.mark.real_model
+@pytest.mark.parametrize("name", ["smollm2-135m-instruct", "gemma3-270m"])
+def test_real_models_give_the_same_bits_at_every_span(name):
+    """SmolLM2 and Gemma 3 (heads of 64 and 256): a row's logits and keys/values do not depend on
+    the span its call was cut to, so not on the other rows of the call."""
+    model = load_model(name)
+    paged = model.paged()
+    prefix, _ = model.prefill([model.tokenizer.bos_token_id])
+    entries, rows, slots = 48, 4, 40
+    keys = jax.random.split(jax.random.key(5), 2)
+    pool = paged.init_pool(entries)
+    pool = type(pool)(k=jax.random.normal(keys[0], pool.k.shape, pool.k.dtype),
+                      v=jax.random.normal(keys[1], pool.v.shape, pool.v.dtype))
+    paths = jnp.asarray(np.random.default_rng(6).integers(0, entries, size=(rows, slots)), jnp.int32)
+    depth = jnp.asarray([7, 0, 3, 7], jnp.int32)
+    tokens = jnp.asarray([100, 200, 300, 400], jnp.int32)
+    write = jnp.asarray([40, 41, 42, entries], jnp.int32)
+    step = jax.jit(paged.step)
+    want_logits, want_pool = step(prefix, pool, paths, depth, tokens, write, span=jnp.int32(7))
+    for span in (8, 9, 16, 40):
+        logits, new_pool = step(prefix, pool, paths, depth, tokens, write, span=jnp.int32(span))
+        np.testing.assert_array_equal(np.asarray(logits), np.asarray(want_logits), err_msg=f"span {span}")
+        np.testing.assert_array_equal(np.asarray(new_pool.k), np.asarray(want_pool.k), err_msg=f"span {span}")

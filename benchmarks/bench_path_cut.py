@@ -1,0 +1,137 @@
+"""Paths cut to each call's span against whole paths, run by run in one process (issue 18).
+
+Each SMC workload of `compare_genlm` (byte SMC over two prompts or over two models, token SMC)
+is built once and run two ways: with its models' paths cut to each call's span
+(`PagedTransformer.cut_paths`, the default on CPU) and read whole. The two alternate seed by
+seed (cut, whole, whole, cut, ...), so a machine whose speed drifts between minutes slows both
+alike.
+
+Run i of both ways samples the same target with the same key. Whether it also made the same
+particles, weights and calls is counted (`same_runs`): with cutting, a row's logits do not
+depend on the span, but the attention compiled inside the width switch may round differently
+from the one compiled without it (SmolLM2: the same bits; Gemma 3: logits within 1e-4, so its
+runs drift apart). Reported per workload: mean seconds and calls of each way, and cut / whole
+seconds with a 95% paired percentile bootstrap interval (< 1: cutting is faster; an interval
+holding 1 shows no difference).
+
+    python -m benchmarks.bench_path_cut [--runs 8] [--precision f32|bf16-matmuls] [--workloads ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import numpy as np
+from tqdm import tqdm
+
+from benchmarks.common import save
+from benchmarks.compare_genlm import (
+    CONFIDENCE,
+    PRECISIONS,
+    WARMUP_SEED,
+    WORKLOADS,
+    Settings,
+    add_layer_options,
+    mean_interval,
+    model_loader,
+    ratio_interval,
+    workload_sampler,
+)
+from smc_jax.experts import ExpertStack
+from smc_jax.models.paged import CUT_PATHS_ON, PagedTransformer
+
+SMC_WORKLOADS = ("smc-prompts", "smc-models", "token-prompts")
+
+
+def whole_paths(experts: Any) -> Any:
+    """The built expert group with every model's paths read whole."""
+    if isinstance(experts, ExpertStack):
+        return experts.replace(groups=tuple(whole_paths(group) for group in experts.groups))
+    model = getattr(experts, "model", None)
+    if isinstance(model, PagedTransformer):
+        return experts.replace(model=dataclasses.replace(model, cut_paths=False))
+    return experts
+
+
+def timed_run(sampler: Any, experts: Any, seed: int) -> tuple[float, Any]:
+    start = time.perf_counter()
+    result = sampler.smc(jax.random.key(seed), experts, sampler.ensemble, allow_zero_weight=True)
+    return time.perf_counter() - start, result
+
+
+def same_run(a: Any, b: Any) -> bool:
+    """Both runs sampled the same particles with the same weights and calls."""
+    return (a.stats["model_calls"] == b.stats["model_calls"]
+            and np.array_equal(np.asarray(a.log_weights), np.asarray(b.log_weights))
+            and [list(map(int, s)) for s in a.sequences] == [list(map(int, s)) for s in b.sequences])
+
+
+def measure(name: str, models: Any, settings: Settings) -> dict[str, Any]:
+    """One workload: both ways, alternating, after a warm-up run of each."""
+    sampler = workload_sampler(name, models, settings)
+    ways = {"cut": sampler.build(), "whole": whole_paths(sampler.build())}
+    for experts in ways.values():
+        timed_run(sampler, experts, WARMUP_SEED)
+    seconds: dict[str, list[float]] = {way: [] for way in ways}
+    calls: dict[str, list[int]] = {way: [] for way in ways}
+    same = 0
+    for seed in range(settings.runs):
+        order = list(ways) if seed % 2 == 0 else list(ways)[::-1]
+        results = {}
+        for way in order:
+            seconds[way].append((out := timed_run(sampler, ways[way], seed))[0])
+            results[way] = out[1]
+            calls[way].append(int(out[1].stats["model_calls"]))
+        same += same_run(results["cut"], results["whole"])
+    ratio = ratio_interval(seconds["cut"], seconds["whole"], paired=True)
+    return {
+        "workload": WORKLOADS[name], "runs": settings.runs, "same_runs": same,
+        "whole_calls": mean_interval(calls["whole"]).format(), "cut_calls": mean_interval(calls["cut"]).format(),
+        "whole_s": mean_interval(seconds["whole"]).format(digits=2), "cut_s": mean_interval(seconds["cut"]).format(digits=2),
+        "cut/whole": ratio.format(3), "ratio": dataclasses.asdict(ratio), "seconds": seconds, "calls": calls,
+    }
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=8, help="timed runs of each way (seeds 0, 1, ...)")
+    parser.add_argument("--workloads", nargs="+", choices=SMC_WORKLOADS, default=list(SMC_WORKLOADS))
+    parser.add_argument("--precision", choices=PRECISIONS, default="f32")
+    parser.add_argument("--name", default=None, help="results name (default bench_path_cut_<precision>)")
+    add_layer_options(parser)
+    args = parser.parse_args(argv)
+    if args.runs < 2:
+        parser.error("--runs must be at least 2 (the interval needs two runs of each way)")
+    if args.whole_paths:
+        parser.error("--whole-paths: this script runs both ways itself")
+    if jax.default_backend() not in CUT_PATHS_ON:
+        parser.error(f"paths are cut only on {CUT_PATHS_ON}, not on {jax.default_backend()}: nothing to compare")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parse_args(argv)
+    models, _ = model_loader(args)
+    settings = Settings(runs=args.runs, call_costs=False)
+    rows = [measure(name, models, settings) for name in tqdm(args.workloads, desc="workloads")]
+    notes = (
+        f"Paths cut to each call's span against whole paths, {args.precision}, the SMC workloads of compare_genlm "
+        f"(M = {settings.particles}, beam {settings.beam_width} / {settings.prune_threshold}, {settings.max_tokens} "
+        f"symbols), alternating seed by seed in one process after a warm-up of each; {args.runs} runs of each way. "
+        f"Seconds and calls: mean ± {CONFIDENCE:.0%} t-interval; cut/whole: ratio of mean seconds with a "
+        f"{CONFIDENCE:.0%} paired percentile bootstrap interval (< 1: cutting is faster). Run i of both ways "
+        "sampled the same target with the same key; same_runs counts the runs whose particles, weights and calls "
+        "were also the same.")
+    table = save(args.name or f"bench_path_cut_{args.precision}", rows,
+                 ["workload", "runs", "same_runs", "whole_calls", "cut_calls", "whole_s", "cut_s", "cut/whole"],
+                 {"precision": args.precision, "settings": dataclasses.asdict(settings)}, notes)
+    print(table)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,47 @@
+"""benchmarks.bench_path_cut: the whole-paths twin of a built expert group, and the argument
+checks (no timing)."""
+
+from typing import Any
+
+import jax.numpy as jnp
+import pytest
+from flax import struct
+
+from benchmarks.bench_path_cut import parse_args, same_run, whole_paths
+from smc_jax.experts import ExpertStack
+from smc_jax.models.paged import PagedTransformer
+
+
+@struct.dataclass
+class _Group:
+    model: Any
+    other: Any = None
+    alphabet_size: int = struct.field(pytree_node=False, default=257)
+
+
+def test_whole_paths_turns_off_every_models_cut_and_nothing_else():
+    paged = PagedTransformer(params={"w": jnp.ones(2)}, config=None)
+    stack = ExpertStack(groups=(_Group(paged), _Group("not a transformer", other=3)))
+    whole = whole_paths(stack)
+    assert paged.cut_paths and whole.groups[0].model.cut_paths is False
+    assert whole.groups[0].model.params is paged.params
+    assert whole.groups[1] == stack.groups[1]
+
+
+class _Result:
+    def __init__(self, calls, log_weights, sequences):
+        self.stats, self.log_weights, self.sequences = {"model_calls": calls}, log_weights, sequences
+
+
+def test_same_run_compares_calls_weights_and_particles():
+    a = _Result(5, [0.0, -1.0], [[1, 2], [3]])
+    assert same_run(a, _Result(5, [0.0, -1.0], [[1, 2], [3]]))
+    assert not same_run(a, _Result(6, [0.0, -1.0], [[1, 2], [3]]))
+    assert not same_run(a, _Result(5, [0.0, -1.5], [[1, 2], [3]]))
+    assert not same_run(a, _Result(5, [0.0, -1.0], [[1, 2], [4]]))
+
+
+@pytest.mark.parametrize("argv", [["--runs", "1"], ["--whole-paths"], ["--precision", "f16"]])
+def test_bad_arguments_stop_before_any_work(argv):
+    with pytest.raises(SystemExit):
+        parse_args(argv)
