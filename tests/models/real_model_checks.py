@@ -125,3 +125,27 @@ def test_bfloat16_keeps_the_top_token(pair):
     half = np.asarray(ours.astype(jnp.bfloat16).forward(ids))[0, -1]
     assert half.dtype == np.float32
     assert half.argmax() == full.argmax()
+
+
+def test_paged_step_bits_do_not_depend_on_the_span(pair):
+    """A row's logits and keys/values do not depend on the span its call's paths were cut to, so
+    not on the other rows of the call (real head sizes: 64 for SmolLM2, 256 for Gemma 3)."""
+    ours, _, _ = pair
+    paged = ours.paged()
+    prefix, _ = ours.prefill([ours.tokenizer.bos_token_id])
+    entries, rows, slots = 48, 4, 40
+    keys = jax.random.split(jax.random.key(5), 2)
+    pool = paged.init_pool(entries)
+    pool = type(pool)(k=jax.random.normal(keys[0], pool.k.shape, pool.k.dtype),
+                      v=jax.random.normal(keys[1], pool.v.shape, pool.v.dtype))
+    paths = jnp.asarray(np.random.default_rng(6).integers(0, entries, size=(rows, slots)), jnp.int32)
+    depth = jnp.asarray([7, 0, 3, 7], jnp.int32)
+    tokens = jnp.asarray([100, 200, 300, 400], jnp.int32)
+    write = jnp.asarray([40, 41, 42, entries], jnp.int32)
+    # The model is an argument: weights closed over would be constants that XLA folds for minutes.
+    step = jax.jit(lambda model, span: model.step(prefix, pool, paths, depth, tokens, write, span=span))
+    want_logits, want_pool = step(paged, jnp.int32(7))
+    for span in (9, 20, 40):  # one span in each wider branch of the switch (8, 16, 32, 40 slots)
+        logits, new_pool = step(paged, jnp.int32(span))
+        np.testing.assert_array_equal(np.asarray(logits), np.asarray(want_logits), err_msg=f"span {span}")
+        np.testing.assert_array_equal(np.asarray(new_pool.k), np.asarray(want_pool.k), err_msg=f"span {span}")
