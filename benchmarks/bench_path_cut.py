@@ -71,26 +71,35 @@ def same_run(a: Any, b: Any) -> bool:
             and [list(map(int, s)) for s in a.sequences] == [list(map(int, s)) for s in b.sequences])
 
 
-def measure(name: str, models: Any, settings: Settings) -> dict[str, Any]:
-    """One workload: both ways, alternating, after a warm-up run of each."""
-    sampler = workload_sampler(name, models, settings)
-    ways = {"cut": sampler.build(), "whole": whole_paths(sampler.build())}
-    for experts in ways.values():
+def alternate(ways: dict[str, tuple[Any, Any]], runs: int) -> dict[str, Any]:
+    """Runs two ways of one workload, each a (sampler, built experts) pair: a warm-up run of each,
+    then seeds 0 .. runs - 1 in alternating order (A, B, B, A, ...), so drift slows both alike.
+    Returns the seconds and calls of each way, and `same_runs`: how many seeds gave both ways the
+    same particles, weights and calls."""
+    for sampler, experts in ways.values():
         timed_run(sampler, experts, WARMUP_SEED)
     seconds: dict[str, list[float]] = {way: [] for way in ways}
     calls: dict[str, list[int]] = {way: [] for way in ways}
     same = 0
-    for seed in range(settings.runs):
+    for seed in range(runs):
         order = list(ways) if seed % 2 == 0 else list(ways)[::-1]
         results = {}
         for way in order:
-            seconds[way].append((out := timed_run(sampler, ways[way], seed))[0])
-            results[way] = out[1]
-            calls[way].append(int(out[1].stats["model_calls"]))
-        same += same_run(results["cut"], results["whole"])
+            elapsed, results[way] = timed_run(*ways[way], seed)
+            seconds[way].append(elapsed)
+            calls[way].append(int(results[way].stats["model_calls"]))
+        same += same_run(*results.values())
+    return {"seconds": seconds, "calls": calls, "same_runs": same}
+
+
+def measure(name: str, models: Any, settings: Settings) -> dict[str, Any]:
+    """One workload: both ways, alternating, after a warm-up run of each."""
+    sampler = workload_sampler(name, models, settings)
+    runs = alternate({"cut": (sampler, sampler.build()), "whole": (sampler, whole_paths(sampler.build()))}, settings.runs)
+    seconds, calls = runs["seconds"], runs["calls"]
     ratio = ratio_interval(seconds["cut"], seconds["whole"], paired=True)
     return {
-        "workload": WORKLOADS[name], "runs": settings.runs, "same_runs": same,
+        "workload": WORKLOADS[name], "runs": settings.runs, "same_runs": runs["same_runs"],
         "whole_calls": mean_interval(calls["whole"]).format(), "cut_calls": mean_interval(calls["cut"]).format(),
         "whole_s": mean_interval(seconds["whole"]).format(digits=2), "cut_s": mean_interval(seconds["cut"]).format(digits=2),
         "cut/whole": ratio.format(3), "ratio": dataclasses.asdict(ratio), "seconds": seconds, "calls": calls,

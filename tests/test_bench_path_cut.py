@@ -45,3 +45,38 @@ def test_same_run_compares_calls_weights_and_particles():
 def test_bad_arguments_stop_before_any_work(argv):
     with pytest.raises(SystemExit):
         parse_args(argv)
+
+
+class _Sampler:
+    """Records the order of its runs; way "b" makes one more call from seed 2 on."""
+
+    ensemble = None
+
+    def __init__(self, log):
+        self.log = log
+
+    def smc(self, key, experts, ensemble, allow_zero_weight):
+        import jax
+
+        seed = int(jax.random.key_data(key).ravel()[-1])
+        self.log.append((experts, seed))
+        return _Result(3 + (experts == "b" and seed >= 2), [0.0], [[1]])
+
+
+def test_alternate_warms_up_then_alternates_and_counts_equal_runs():
+    from benchmarks.bench_path_cut import alternate
+
+    log = []
+    out = alternate({"a": (_Sampler(log), "a"), "b": (_Sampler(log), "b")}, runs=4)
+    assert [way for way, _ in log[2:]] == ["a", "b", "b", "a", "a", "b", "b", "a"]
+    assert [seed for _, seed in log[2:]] == [0, 0, 1, 1, 2, 2, 3, 3]
+    assert out["calls"] == {"a": [3, 3, 3, 3], "b": [3, 3, 4, 4]} and out["same_runs"] == 2
+    assert all(len(s) == 4 and min(s) >= 0 for s in out["seconds"].values())
+
+
+@pytest.mark.parametrize("argv", [["--runs", "1"], ["--workloads", "bytes-smollm2"]])
+def test_bench_precision_bad_arguments_stop_before_any_work(argv):
+    from benchmarks.bench_precision import parse_args as precision_args
+
+    with pytest.raises(SystemExit):
+        precision_args(argv)
