@@ -92,18 +92,35 @@ def alternate(ways: dict[str, tuple[Any, Any]], runs: int) -> dict[str, Any]:
     return {"seconds": seconds, "calls": calls, "same_runs": same}
 
 
+def alternation_row(name: str, runs: dict[str, Any], base: str, other: str) -> dict[str, Any]:
+    """The result row of one workload's `alternate` runs: each way's mean seconds and calls
+    (base first), and other / base seconds with a paired bootstrap interval."""
+    seconds, calls = runs["seconds"], runs["calls"]
+    ratio = ratio_interval(seconds[other], seconds[base], paired=True)
+    return {
+        "workload": WORKLOADS[name], "runs": len(seconds[base]), "same_runs": runs["same_runs"],
+        f"{base}_calls": mean_interval(calls[base]).format(), f"{other}_calls": mean_interval(calls[other]).format(),
+        f"{base}_s": mean_interval(seconds[base]).format(digits=2), f"{other}_s": mean_interval(seconds[other]).format(digits=2),
+        f"{other}/{base}": ratio.format(3), "ratio": dataclasses.asdict(ratio), "seconds": seconds, "calls": calls,
+    }
+
+
+def alternation_notes(ways: str, settings: Settings, ratio: str, faster: str) -> str:
+    """The results' notes: what the two ways are, the workloads' settings and how to read `ratio`."""
+    return (
+        f"{ways}, the SMC workloads of compare_genlm (M = {settings.particles}, beam {settings.beam_width} / "
+        f"{settings.prune_threshold}, {settings.max_tokens} symbols), alternating seed by seed in one process after "
+        f"a warm-up of each; {settings.runs} runs of each way. Seconds and calls: mean ± {CONFIDENCE:.0%} "
+        f"t-interval; {ratio}: ratio of mean seconds with a {CONFIDENCE:.0%} paired percentile bootstrap interval "
+        f"(< 1: {faster} is faster). Run i of both ways sampled the same target with the same key; same_runs counts "
+        "the runs whose particles, weights and calls were also the same.")
+
+
 def measure(name: str, models: Any, settings: Settings) -> dict[str, Any]:
     """One workload: both ways, alternating, after a warm-up run of each."""
     sampler = workload_sampler(name, models, settings)
-    runs = alternate({"cut": (sampler, sampler.build()), "whole": (sampler, whole_paths(sampler.build()))}, settings.runs)
-    seconds, calls = runs["seconds"], runs["calls"]
-    ratio = ratio_interval(seconds["cut"], seconds["whole"], paired=True)
-    return {
-        "workload": WORKLOADS[name], "runs": settings.runs, "same_runs": runs["same_runs"],
-        "whole_calls": mean_interval(calls["whole"]).format(), "cut_calls": mean_interval(calls["cut"]).format(),
-        "whole_s": mean_interval(seconds["whole"]).format(digits=2), "cut_s": mean_interval(seconds["cut"]).format(digits=2),
-        "cut/whole": ratio.format(3), "ratio": dataclasses.asdict(ratio), "seconds": seconds, "calls": calls,
-    }
+    ways = {"cut": (sampler, sampler.build()), "whole": (sampler, whole_paths(sampler.build()))}
+    return alternation_row(name, alternate(ways, settings.runs), "whole", "cut")
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -128,14 +145,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     models, _ = model_loader(args)
     settings = Settings(runs=args.runs, call_costs=False)
     rows = [measure(name, models, settings) for name in tqdm(args.workloads, desc="workloads")]
-    notes = (
-        f"Paths cut to each call's span against whole paths, {args.precision}, the SMC workloads of compare_genlm "
-        f"(M = {settings.particles}, beam {settings.beam_width} / {settings.prune_threshold}, {settings.max_tokens} "
-        f"symbols), alternating seed by seed in one process after a warm-up of each; {args.runs} runs of each way. "
-        f"Seconds and calls: mean ± {CONFIDENCE:.0%} t-interval; cut/whole: ratio of mean seconds with a "
-        f"{CONFIDENCE:.0%} paired percentile bootstrap interval (< 1: cutting is faster). Run i of both ways "
-        "sampled the same target with the same key; same_runs counts the runs whose particles, weights and calls "
-        "were also the same.")
+    notes = alternation_notes(f"Paths cut to each call's span against whole paths, {args.precision}", settings,
+                              "cut/whole", "cutting")
     table = save(args.name or f"bench_path_cut_{args.precision}", rows,
                  ["workload", "runs", "same_runs", "whole_calls", "cut_calls", "whole_s", "cut_s", "cut/whole"],
                  {"precision": args.precision, "settings": dataclasses.asdict(settings)}, notes)

@@ -22,39 +22,21 @@ from typing import Any
 
 from tqdm import tqdm
 
-from benchmarks.bench_path_cut import SMC_WORKLOADS, alternate
+from benchmarks.bench_path_cut import SMC_WORKLOADS, alternate, alternation_notes, alternation_row
 from benchmarks.common import save
-from benchmarks.compare_genlm import (
-    CONFIDENCE,
-    WORKLOADS,
-    Settings,
-    add_layer_options,
-    mean_interval,
-    model_loader,
-    ratio_interval,
-    workload_sampler,
-)
+from benchmarks.compare_genlm import Settings, add_layer_options, model_loader, workload_sampler
 
-#: compare_genlm's --precision values of the two ways, baseline first.
-WAYS = ("f32", "bf16-matmuls")
+#: compare_genlm's --precision value of each way -> its label in the results, baseline first.
+WAYS = {"f32": "f32", "bf16-matmuls": "bf16"}
 
 
 def measure(name: str, models: dict[str, Any], settings: Settings) -> dict[str, Any]:
     """One workload: both precisions, alternating, after a warm-up run of each."""
     ways = {}
-    for precision in WAYS:
+    for precision, label in WAYS.items():
         sampler = workload_sampler(name, models[precision], settings)
-        ways[precision] = (sampler, sampler.build())
-    runs = alternate(ways, settings.runs)
-    seconds, calls = runs["seconds"], runs["calls"]
-    base, other = WAYS
-    ratio = ratio_interval(seconds[other], seconds[base], paired=True)
-    return {
-        "workload": WORKLOADS[name], "runs": settings.runs, "same_runs": runs["same_runs"],
-        "f32_calls": mean_interval(calls[base]).format(), "bf16_calls": mean_interval(calls[other]).format(),
-        "f32_s": mean_interval(seconds[base]).format(digits=2), "bf16_s": mean_interval(seconds[other]).format(digits=2),
-        "bf16/f32": ratio.format(3), "ratio": dataclasses.asdict(ratio), "seconds": seconds, "calls": calls,
-    }
+        ways[label] = (sampler, sampler.build())
+    return alternation_row(name, alternate(ways, settings.runs), *WAYS.values())
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -76,14 +58,8 @@ def main(argv: Sequence[str] | None = None) -> None:
               for precision in WAYS}
     settings = Settings(runs=args.runs, call_costs=False)
     rows = [measure(name, models, settings) for name in tqdm(args.workloads, desc="workloads")]
-    notes = (
-        f"float32 against bfloat16 matmuls (float32 accumulation and activations), the SMC workloads of compare_genlm "
-        f"(M = {settings.particles}, beam {settings.beam_width} / {settings.prune_threshold}, {settings.max_tokens} "
-        f"symbols), alternating seed by seed in one process after a warm-up of each; {args.runs} runs of each way. "
-        f"Seconds and calls: mean ± {CONFIDENCE:.0%} t-interval; bf16/f32: ratio of mean seconds with a "
-        f"{CONFIDENCE:.0%} paired percentile bootstrap interval (< 1: bfloat16 is faster). Run i of both ways "
-        "sampled the same target with the same key; same_runs counts the runs whose particles, weights and calls "
-        "were also the same.")
+    notes = alternation_notes("float32 against bfloat16 matmuls (float32 accumulation and activations)", settings,
+                              "bf16/f32", "bfloat16")
     table = save(args.name, rows, ["workload", "runs", "same_runs", "f32_calls", "bf16_calls", "f32_s", "bf16_s",
                                    "bf16/f32"], {"settings": dataclasses.asdict(settings)}, notes)
     print(table)

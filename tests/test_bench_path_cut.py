@@ -3,11 +3,13 @@ checks (no timing)."""
 
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 import pytest
 from flax import struct
 
-from benchmarks.bench_path_cut import parse_args, same_run, whole_paths
+from benchmarks.bench_path_cut import alternate, alternation_row, parse_args, same_run, whole_paths
+from benchmarks.bench_precision import parse_args as precision_args
 from smc_jax.experts import ExpertStack
 from smc_jax.models.paged import PagedTransformer
 
@@ -56,16 +58,12 @@ class _Sampler:
         self.log = log
 
     def smc(self, key, experts, ensemble, allow_zero_weight):
-        import jax
-
         seed = int(jax.random.key_data(key).ravel()[-1])
         self.log.append((experts, seed))
         return _Result(3 + (experts == "b" and seed >= 2), [0.0], [[1]])
 
 
 def test_alternate_warms_up_then_alternates_and_counts_equal_runs():
-    from benchmarks.bench_path_cut import alternate
-
     log = []
     out = alternate({"a": (_Sampler(log), "a"), "b": (_Sampler(log), "b")}, runs=4)
     assert [way for way, _ in log[2:]] == ["a", "b", "b", "a", "a", "b", "b", "a"]
@@ -76,7 +74,14 @@ def test_alternate_warms_up_then_alternates_and_counts_equal_runs():
 
 @pytest.mark.parametrize("argv", [["--runs", "1"], ["--workloads", "bytes-smollm2"]])
 def test_bench_precision_bad_arguments_stop_before_any_work(argv):
-    from benchmarks.bench_precision import parse_args as precision_args
-
     with pytest.raises(SystemExit):
         precision_args(argv)
+
+
+def test_alternation_row_puts_the_baseline_first_and_divides_by_it():
+    runs = {"seconds": {"new": [1.0, 1.1, 0.9], "old": [2.0, 2.2, 1.8]}, "calls": {"new": [3, 3, 3], "old": [4, 4, 4]},
+            "same_runs": 1}
+    row = alternation_row("smc-prompts", runs, "old", "new")
+    assert list(row)[3:8] == ["old_calls", "new_calls", "old_s", "new_s", "new/old"]
+    assert row["runs"] == 3 and row["same_runs"] == 1
+    assert row["ratio"]["low"] <= 0.5 <= row["ratio"]["high"] and row["new/old"].startswith("0.5")
