@@ -17,7 +17,12 @@ context's logits come from a call of another batch size, and XLA's CPU matrix pr
 differently per batch size, so weights may differ in the last float digits (measured: equal for
 two prompts with padding rows only; SmolLM2 x Gemma 3, same texts, log-weights within 2.3e-5).
 
-Run: python -m benchmarks.bench_calls [--runs 3] [--workloads smc-prompts smc-models]
+`--precision bf16-matmuls` multiplies in bfloat16 as in `compare_genlm.py`. Each setting compiles its own byte
+program; on a 2-core VM with 24 GB a third SmolLM2 x Gemma 3 setting in one process failed to compile
+(`LLVM compilation error: Cannot allocate memory`), so give that workload one setting besides off (always run
+first) per process.
+
+Run: python -m benchmarks.bench_calls [--runs 3] [--workloads smc-prompts smc-models] [--precision bf16-matmuls]
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from benchmarks.common import save
+from benchmarks.compare_genlm import PRECISIONS, add_precision_option
 from smc_jax import load_model
 from smc_jax.api import EnsembleSampler, Expert
 from smc_jax.ensemble import CustomEnsemble
@@ -71,12 +77,14 @@ def main() -> None:
                         help="prefetch/prefetch_rows[/children per particle, 0 if omitted (the sampler's default is 1)]; "
                              "0/0/0 (off) is always run first")
     parser.add_argument("--name", default="bench_calls")
+    add_precision_option(parser)
     args = parser.parse_args()
     configs = [tuple(int(v) for v in (c.split("/") + ["0"])[:3]) for c in args.configs]
     configs = [(0, 0, 0)] + [c for c in configs if c != (0, 0, 0)]
-    models = {SMOLLM2: load_model(SMOLLM2)}
+    precision = PRECISIONS[args.precision]
+    models = {SMOLLM2: load_model(SMOLLM2, matmul_dtype=precision)}
     if "smc-models" in args.workloads:
-        models[GEMMA3] = load_model(GEMMA3)
+        models[GEMMA3] = load_model(GEMMA3, matmul_dtype=precision)
     rows = []
     for workload in args.workloads:
         reference = {}
@@ -113,13 +121,13 @@ def main() -> None:
             rows.append(row)
     columns = ["workload", "prefetch", "prefetch_rows", "children", "calls_per_run", "rows_per_run", "prefetched_per_run",
                "hits_per_run", "wall_s", "recompiles", "same_samples_as_off", "same_texts_as_off", "max_logw_diff"]
-    notes = (f"Byte SMC as in compare_genlm.py (M=10, beam 5 / 0.05, 39 bytes + EOS), {args.runs} runs (seeds "
+    notes = (f"Byte SMC as in compare_genlm.py (M=10, beam 5 / 0.05, 39 bytes + EOS, {args.precision}), {args.runs} runs (seeds "
              "0..) per setting after a warm-up run; calls, rows, prefetched contexts and cache hits are means per "
              "run, wall_s the median. Timings measured under load (shared 2-core machine): compare the calls, "
              "and the walls only roughly. same_samples_as_off: every run's texts and weights equal the "
              "prefetch-off run of the same seed; same_texts_as_off: the texts do, and max_logw_diff is the "
              "largest |log-weight difference| over those runs (float rounding: another batch size, tree attention).")
-    print(save(args.name, rows, columns, {"runs": args.runs, "configs": configs}, notes))
+    print(save(args.name, rows, columns, {"runs": args.runs, "configs": configs, "precision": args.precision}, notes))
 
 
 if __name__ == "__main__":
