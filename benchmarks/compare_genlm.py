@@ -616,9 +616,10 @@ PRECISION_NOTES = {
 
 
 def add_precision_option(parser: argparse.ArgumentParser) -> None:
-    """--precision, read by `model_loader`."""
+    """--precision, read by `model_loader` (and by bench_calls, which loads its own models)."""
     parser.add_argument("--precision", choices=PRECISIONS, default="f32",
-                        help="both sides' model arithmetic (f32: float32 throughout; bf16-matmuls: see the docstring)")
+                        help="model arithmetic (f32: float32 throughout; bf16-matmuls: smc_jax's matmuls in bfloat16 "
+                             "with float32 accumulation, and in compare_genlm GenLM's model cast to bfloat16)")
 
 
 def add_prefetch_options(parser: argparse.ArgumentParser) -> None:
