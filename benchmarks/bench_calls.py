@@ -17,10 +17,11 @@ context's logits come from a call of another batch size, and XLA's CPU matrix pr
 differently per batch size, so weights may differ in the last float digits (measured: equal for
 two prompts with padding rows only; SmolLM2 x Gemma 3, same texts, log-weights within 2.3e-5).
 
-`--precision bf16-matmuls` multiplies in bfloat16 as in `compare_genlm.py`. Each setting compiles its own byte
-program; on a 2-core VM with 24 GB a third SmolLM2 x Gemma 3 setting in one process failed to compile
-(`LLVM compilation error: Cannot allocate memory`), so give that workload one setting besides off (always run
-first) per process.
+`--precision bf16-matmuls` multiplies in bfloat16 as in `compare_genlm.py`. Each setting runs in a fresh
+subprocess (`--child`), which loads the models and compiles its one byte program: on a 2-core VM with 24 GB a
+third SmolLM2 x Gemma 3 program in one process failed to compile (`LLVM compilation error: Cannot allocate
+memory`; one compile took the process from ~6,700 to >16,000 memory mappings, against Linux's default limit of
+65,530).
 
 Run: python -m benchmarks.bench_calls [--runs 3] [--workloads smc-prompts smc-models] [--precision bf16-matmuls]
 """
@@ -28,8 +29,11 @@ Run: python -m benchmarks.bench_calls [--runs 3] [--workloads smc-prompts smc-mo
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
+import subprocess
+import sys
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -69,6 +73,41 @@ def sampler_for(workload: str, models: dict, prefetch: int, prefetch_rows: int, 
         prefetch=prefetch, prefetch_rows=prefetch_rows, prefetch_children=children)
 
 
+#: The per-run counters a child reports (`SMCResult.stats`).
+STATS = ("model_calls", "rows_computed", "prefetched", "prefetch_hits", "seconds")
+
+
+def measure(workload: str, config: tuple[int, int, int], runs: int, precision: str) -> dict:
+    """One setting in this process: a warm-up seed, then seeds 0..runs-1; their texts, log-weights
+    (float64, -inf kept), counters, and the XLA compilations during the timed runs."""
+    matmul_dtype = PRECISIONS[precision]
+    models = {SMOLLM2: load_model(SMOLLM2, matmul_dtype=matmul_dtype)}
+    if workload == "smc-models":
+        models[GEMMA3] = load_model(GEMMA3, matmul_dtype=matmul_dtype)
+    sampler = sampler_for(workload, models, *config)
+    sampler(WARMUP_SEED, allow_zero_weight=True)  # compilation
+    with count_compilations() as compiled:
+        results = [sampler(seed, allow_zero_weight=True) for seed in range(runs)]
+    return {
+        "texts": [list(r.texts) for r in results],
+        "log_weights": [np.asarray(r.log_weights, np.float64).tolist() for r in results],
+        "stats": {name: [float(r.stats.get(name, 0)) for r in results] for name in STATS},
+        "recompiles": compiled.count,
+    }
+
+
+def measure_in_child(workload: str, config: tuple[int, int, int], runs: int, precision: str) -> dict:
+    """`measure` in a fresh Python process (its JSON on the last line of its stdout)."""
+    command = [sys.executable, "-m", "benchmarks.bench_calls", "--child", workload, "/".join(map(str, config)),
+               "--runs", str(runs), "--precision", precision]
+    out = subprocess.run(command, stdout=subprocess.PIPE, text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def parse_config(text: str) -> tuple[int, int, int]:
+    return tuple(int(v) for v in (text.split("/") + ["0"])[:3])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=3)
@@ -77,44 +116,38 @@ def main() -> None:
                         help="prefetch/prefetch_rows[/children per particle, 0 if omitted (the sampler's default is 1)]; "
                              "0/0/0 (off) is always run first")
     parser.add_argument("--name", default="bench_calls")
+    parser.add_argument("--child", nargs=2, metavar=("WORKLOAD", "CONFIG"), help=argparse.SUPPRESS)
     add_precision_option(parser)
     args = parser.parse_args()
-    configs = [tuple(int(v) for v in (c.split("/") + ["0"])[:3]) for c in args.configs]
+    if args.child:
+        print(json.dumps(measure(args.child[0], parse_config(args.child[1]), args.runs, args.precision)), flush=True)
+        return
+    configs = [parse_config(c) for c in args.configs]
     configs = [(0, 0, 0)] + [c for c in configs if c != (0, 0, 0)]
-    precision = PRECISIONS[args.precision]
-    models = {SMOLLM2: load_model(SMOLLM2, matmul_dtype=precision)}
-    if "smc-models" in args.workloads:
-        models[GEMMA3] = load_model(GEMMA3, matmul_dtype=precision)
     rows = []
     for workload in args.workloads:
-        reference = {}
-        for prefetch, extra, children in configs:
-            sampler = sampler_for(workload, models, prefetch, extra, children)
-            sampler(WARMUP_SEED, allow_zero_weight=True)  # compilation
-            results = []
-            with count_compilations() as compiled:
-                for seed in range(args.runs):
-                    results.append(sampler(seed, allow_zero_weight=True))
+        reference = None
+        for config in configs:
+            out = measure_in_child(workload, config, args.runs, args.precision)
+            runs = list(zip(out["texts"], (np.asarray(w, np.float64) for w in out["log_weights"])))
+            reference = reference or runs  # prefetching off comes first
             same, same_texts, diffs = [], [], []
-            for seed, r in enumerate(results):
-                key = (list(r.texts), np.asarray(r.log_weights, np.float64))
-                if (prefetch, extra, children) == (0, 0, 0):
-                    reference[seed] = key
-                ref = reference[seed]
-                same.append(ref[0] == key[0] and np.array_equal(ref[1], key[1]))
-                same_texts.append(ref[0] == key[0])
+            for (ref_texts, ref_logw), (texts, logw) in zip(reference, runs):
+                same.append(ref_texts == texts and np.array_equal(ref_logw, logw))
+                same_texts.append(ref_texts == texts)
                 if same_texts[-1]:
-                    finite = np.isfinite(ref[1])
-                    diffs.append(float(np.max(np.abs(ref[1] - key[1])[finite], initial=0.0)))
-            stat = lambda name: [r.stats.get(name, 0) for r in results]
+                    finite = np.isfinite(ref_logw)
+                    diffs.append(float(np.max(np.abs(ref_logw - logw)[finite], initial=0.0)))
+            stat = out["stats"]
+            prefetch, extra, children = config
             row = {
                 "workload": WORKLOADS[workload], "prefetch": prefetch, "prefetch_rows": extra, "children": children,
-                "calls_per_run": statistics.mean(stat("model_calls")), "calls": stat("model_calls"),
-                "rows_per_run": statistics.mean(stat("rows_computed")),
-                "prefetched_per_run": statistics.mean(stat("prefetched")),
-                "hits_per_run": statistics.mean(stat("prefetch_hits")),
-                "wall_s": statistics.median(stat("seconds")), "walls": [round(t, 3) for t in stat("seconds")],
-                "recompiles": compiled.count, "same_samples_as_off": all(same), "same_texts_as_off": all(same_texts),
+                "calls_per_run": statistics.mean(stat["model_calls"]), "calls": [int(c) for c in stat["model_calls"]],
+                "rows_per_run": statistics.mean(stat["rows_computed"]),
+                "prefetched_per_run": statistics.mean(stat["prefetched"]),
+                "hits_per_run": statistics.mean(stat["prefetch_hits"]),
+                "wall_s": statistics.median(stat["seconds"]), "walls": [round(t, 3) for t in stat["seconds"]],
+                "recompiles": out["recompiles"], "same_samples_as_off": all(same), "same_texts_as_off": all(same_texts),
                 "max_logw_diff": max(diffs, default=float("nan")),
             }
             print(row, flush=True)
