@@ -45,6 +45,7 @@ from benchmarks.compare_genlm import PRECISIONS, add_precision_option
 from smc_jax import load_model
 from smc_jax.api import EnsembleSampler, Expert
 from smc_jax.ensemble import CustomEnsemble
+from smc_jax.settings import SamplerSettings
 from smc_jax.utils.compilation import count_compilations
 
 PROMPTS = ("My favorite physicist is", "My favorite author is")
@@ -105,7 +106,13 @@ def measure_in_child(workload: str, config: tuple[int, int, int], runs: int, pre
 
 
 def parse_config(text: str) -> tuple[int, int, int]:
-    return tuple(int(v) for v in (text.split("/") + ["0"])[:3])
+    """"P/R[/C]" -> (prefetch, prefetch_rows, children), checked by the sampler's own settings."""
+    try:
+        config = tuple(int(v) for v in (text.split("/") + ["0"])[:3])
+        SamplerSettings(level="byte", prefetch=config[0], prefetch_rows=config[1], prefetch_children=config[2])
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(f"--configs {text!r}: {err}") from None
+    return config
 
 
 def main() -> None:
@@ -122,7 +129,10 @@ def main() -> None:
     if args.child:
         print(json.dumps(measure(args.child[0], parse_config(args.child[1]), args.runs, args.precision)), flush=True)
         return
-    configs = [parse_config(c) for c in args.configs]
+    try:  # before any child loads a model
+        configs = [parse_config(c) for c in args.configs]
+    except argparse.ArgumentTypeError as err:
+        parser.error(str(err))
     configs = [(0, 0, 0)] + [c for c in configs if c != (0, 0, 0)]
     rows = []
     for workload in args.workloads:
