@@ -1,4 +1,4 @@
-"""Next-byte distributions per second on the embedded models (issue 4).
+"""Next-byte distributions per second on the embedded models.
 
 For SmolLM2-135M-Instruct and Gemma 3 270M, each of M sequences (M = 1 and 10) reads its own
 slice of a fixed English text byte by byte through a beam over tokenizations (beam widths 1, 5,
@@ -27,7 +27,7 @@ from tqdm import tqdm
 
 from benchmarks.common import save, timed
 from smc_jax import load_model
-from smc_jax.api import EnsembleSampler, Expert
+from smc_jax.sampler import EnsembleSampler, Expert
 from smc_jax.models.contexts import context_stats
 
 TEXT = (
@@ -58,14 +58,13 @@ def reader(num_sequences: int):
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_bytes", description=__doc__.split("\n\n")[0])
     parser.add_argument("--bytes", type=int, default=64, help="bytes read by each sequence")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--widths", type=int, nargs="+", default=[1, 5, 10])
     parser.add_argument("--sequences", type=int, nargs="+", default=[1, 10])
     parser.add_argument("--heal", nargs="+", choices=["on", "off"], default=["on", "off"], help="token healing")
     parser.add_argument("--models", nargs="+", default=list(MODELS))
-    parser.add_argument("--output", default="bench_bytes", help="results name (benchmarks/results/<output>.md)")
     args = parser.parse_args()
     rows = []
     settings = [(m, w, s, h == "on") for m in args.models for s in args.sequences for w in args.widths for h in args.heal]
@@ -107,7 +106,7 @@ def main() -> None:
         })
     columns = ["model", "sequences", "beam_width", "heal", "bytes_per_s", "calls_per_byte", "rows_per_call", "seconds", "seconds_range",
                "compile_s", "zero_prob_bytes", "heals"]
-    table = save(args.output, rows, columns, {"bytes": args.bytes, "repeats": args.repeats, "prune_threshold": 0.05,
+    table = save("bench_bytes", rows, columns, {"bytes": args.bytes, "repeats": args.repeats, "prune_threshold": 0.05,
                                                 "prompt": PROMPT},
                  notes="Next-byte distributions along a fixed text (teacher forcing), float32 on CPU, token "
                        "healing on and off for every setting (heals: bytes healed, summed over the sequences; "

@@ -1,4 +1,4 @@
-"""Constraint automata (issue 17): size and compile time of real JSON Schemas, and the cost of a
+"""Constraint automata: size and compile time of real JSON Schemas, and the cost of a
 constraint inside a token-level sampling step.
 
 Part 1 (host only): for the first N schemas of jsonschemabench-glaive2k (sorted by file name),
@@ -15,7 +15,7 @@ time per step is the comparable number. valid_json: how many of the finished par
 positive weight validate against the schema (`jsonschema`). The forced EOS at max_length is on,
 so the constraint's viability is length-aware (its horizon): strings close by the limit.
 
-Run: python benchmarks/bench_constraints.py [--schemas 20] [--sample-schemas 3] [--particles 4]
+Run: python -m benchmarks.bench_constraints [--schemas 20] [--sample-schemas 3] [--particles 4]
      [--max-length 24] [--repeats 2]
 Writes benchmarks/results/bench_constraints.{json,md}.
 """
@@ -25,12 +25,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import time
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np  # noqa: E402
 
@@ -44,7 +42,7 @@ PROMPT = "Write the arguments of the function call as a JSON object:"
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_constraints", description=__doc__.split("\n\n")[0])
     parser.add_argument("--data", type=Path, default=DATA)
     parser.add_argument("--schemas", type=int, default=20)
     parser.add_argument("--sample-schemas", type=int, default=3)
@@ -112,12 +110,7 @@ def main() -> None:
         sample_rows, ["schema", "constraint", "states", "first_call_s", "run_s", "steps", "s_per_step", "finished_positive", "valid_json"])
     table = save("bench_constraints", rows,
                  ["schema", "regex_chars", "states", "compile_ms", "token_table_s", "token_table_mb", "refused"], meta,
-                 notes=__doc__.split("Run:")[0], appendix=appendix)
-    # The JSON file also keeps the sampling rows.
-    out = Path(__file__).parent / "results" / "bench_constraints.json"
-    data = json.loads(out.read_text())
-    data["sampling"] = sample_rows
-    out.write_text(json.dumps(data, indent=2, default=str))
+                 notes=__doc__.split("Run:")[0], appendix=appendix, extra={"sampling": sample_rows})
     print(table)
     print(appendix)
 

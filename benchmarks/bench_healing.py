@@ -1,12 +1,14 @@
-"""Token healing on real text (issue 20): bytes at probability 0 before and after healing.
+"""Token healing on real text: bytes at probability 0 with and without healing.
 
-Both embedded models read >= 5,000 bytes of varied text (prose from this README, Python source
-from this package, JSON from a results file, and non-ASCII prose: accents, CJK, emoji) with the
-default beam (width 5, threshold 0.05), teacher-forced in chunks of CHUNK bytes after an empty
+Every part adds rows (with its name in the `part` column) to one table, written to
+benchmarks/results/bench_healing.{json,md}.
+
+--part scoring: both embedded models read >= 5,000 bytes of varied text (prose from the
+repository's README, Python source from this package, JSON from a results file, and non-ASCII
+prose: accents, CJK, emoji) with the default beam (width 5, threshold 0.05), teacher-forced in chunks of CHUNK bytes after an empty
 prompt (BOS), with healing off and on (`smc_jax.ByteScorer`, heal=False / True). Reports, per
 model and kind of text: the bytes whose conditional is 0 (log-probability -inf), the bytes
 healing needed (a back-off) and the total log-probability (finite sums only).
-Writes benchmarks/results/bench_healing.{json,md}.
 
 --part genlm (on by default when genlm-bytes is importable: --part scoring genlm): the first
 --genlm-bytes bytes of every kind of text, in the same chunks, read by smc_jax (`ByteScorer`,
@@ -15,36 +17,35 @@ heal=True) and by genlm-bytes' `ByteBeamState` with heal=True at the same settin
 `benchmarks.genlm_side.GenLM` on the same GGUF weights and smc_jax's tokenizer): per-byte
 conditional log-probabilities (GenLM: `logp_next()` before the byte, then `prune() << byte`)
 and the prefix log-probability of each chunk (GenLM: the beam's logZ after the last byte;
-smc_jax: `ByteLogprob.prefix`). Differences against TOLERANCE. Writes bench_healing_genlm.
+smc_jax: `ByteLogprob.prefix`). Differences against TOLERANCE. In the table, zero_prob_bytes,
+healed_bytes and seconds are smc_jax's, genlm_* GenLM's.
 
 --part smc: byte-level SMC for f=min and f=product of SmolLM2 x Gemma 3 (one prompt, M=10,
 --seeds seeds, --max-length bytes), heal on and off: dead particles (log weight -inf) at the
-end and over the steps, bytes healed, log Z-hat. Writes bench_healing_smc.
+end and over the steps, bytes healed, log Z-hat.
 
-Run: python benchmarks/bench_healing.py [--part scoring genlm smc] [--models ...] [--chunk 256]
+Run: python -m benchmarks.bench_healing [--part scoring genlm smc] [--models ...] [--chunk 256]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import importlib.util
 import json
 import math
 import os
-import sys
 import time
-from pathlib import Path
+from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # this checkout's smc_jax and benchmarks
 
 import numpy as np  # noqa: E402
 
-from benchmarks.common import save  # noqa: E402
+from benchmarks.common import ROOT, markdown_table, save  # noqa: E402
 from smc_jax import ByteScorer, load_model  # noqa: E402
-from smc_jax.api import EnsembleSampler, Expert  # noqa: E402
+from smc_jax.sampler import EnsembleSampler, Expert  # noqa: E402
 from smc_jax.settings import DEFAULTS  # noqa: E402
 
 #: Per-byte agreement with genlm-bytes (nats): |ours - GenLM| of a byte's conditional log-prob.
@@ -86,7 +87,24 @@ def chunks(data: bytes, size: int) -> list[bytes]:
     return out
 
 
-def scoring(args: argparse.Namespace) -> None:
+#: The table's columns in order (a run shows those its parts fill); the JSON rows keep every field.
+COLUMNS = ("part", "model", "f", "heal", "text", "bytes", "runs", "zero_prob_bytes", "genlm_zero_bytes", "healed_bytes",
+           "genlm_heals", "heals", "logprob_finite_sum", "max_abs_diff", "mean_abs_diff", "above_tol", "sum_diff",
+           "prefix_diff", "dead_final", "dead_particle_steps", "particle_steps", "zero_weight_runs", "log_Z_mean_finite",
+           "log_Z_per_seed", "seconds", "genlm_s")
+
+
+@dataclasses.dataclass
+class Part:
+    """One part's rows (each with its `part`), notes, settings and further tables (markdown)."""
+
+    rows: list[dict[str, Any]]
+    notes: str
+    meta: dict[str, Any]
+    appendix: str = ""
+
+
+def scoring(args: argparse.Namespace) -> Part:
     corpus = texts()
     rows = []
     for name in args.models:
@@ -101,7 +119,7 @@ def scoring(args: argparse.Namespace) -> None:
                 cond = np.concatenate([r.conditionals for r in results])
                 finite = np.isfinite(cond)
                 rows.append({
-                    "model": name, "heal": heal, "text": kind, "bytes": int(cond.size),
+                    "part": "scoring", "model": name, "heal": heal, "text": kind, "bytes": int(cond.size),
                     "zero_prob_bytes": int((~finite).sum()),
                     "healed_bytes": int(sum(r.healed for r in results)),
                     "logprob_finite_sum": float(cond[finite].sum()),
@@ -111,21 +129,19 @@ def scoring(args: argparse.Namespace) -> None:
                 print(rows[-1], flush=True)
         for heal in (False, True):
             sel = [r for r in rows if r["model"] == name and r["heal"] == heal]
-            rows.append({"model": name, "heal": heal, "text": "all", "bytes": sum(r["bytes"] for r in sel),
+            rows.append({"part": "scoring", "model": name, "heal": heal, "text": "all",
+                         "bytes": sum(r["bytes"] for r in sel),
                          "zero_prob_bytes": sum(r["zero_prob_bytes"] for r in sel),
                          "healed_bytes": sum(r["healed_bytes"] for r in sel),
                          "logprob_finite_sum": sum(r["logprob_finite_sum"] for r in sel),
                          "seconds": sum(r["seconds"] for r in sel)})
-    columns = ["model", "heal", "text", "bytes", "zero_prob_bytes", "healed_bytes", "logprob_finite_sum", "seconds"]
     notes = (
-        "Teacher-forced bytes at probability 0 (conditional -inf) with the default beam (width 5, "
+        "scoring: teacher-forced bytes at probability 0 (conditional -inf) with the default beam (width 5, "
         "threshold 0.05), token healing off and on. healed_bytes: bytes that emptied the beam and "
         "were rescued by backing off into a token (smc_jax.bytes.healing). Seconds include "
-        "compilation (one program per model and setting, shared by the texts). The comparison with "
-        "genlm-bytes' heal=True log-probabilities is bench_healing_genlm (--part genlm)."
+        "compilation (one program per model and setting, shared by the texts)."
     )
-    name = "bench_healing" if len(args.models) > 1 else f"bench_healing_{args.models[0].split('-')[0]}"
-    print(save(name, rows, columns, {"chunk": args.chunk, "batch": args.batch, "beam": "width 5, threshold 0.05"}, notes))
+    return Part(rows, notes, {"chunk": args.chunk, "batch": args.batch, "beam": "width 5, threshold 0.05"})
 
 
 # --------------------------------------------------------------------------------- GenLM part
@@ -181,7 +197,7 @@ def genlm_read(genlm, model, settings, pieces: list[bytes]) -> list[dict]:
         ByteBeamState._adaptive_heal = adaptive_heal
 
 
-def compare(args: argparse.Namespace) -> None:
+def compare(args: argparse.Namespace) -> Part:
     from types import SimpleNamespace
 
     from benchmarks.genlm_side import GenLM
@@ -212,16 +228,16 @@ def compare(args: argparse.Namespace) -> None:
             prefix_a = sum(x[1].prefix for x in sel)
             prefix_b = sum(x[2]["prefix"] for x in sel)
             rows.append({
-                "model": name, "text": kind, "bytes": int(a.size),
-                "ours_zero_bytes": int((~np.isfinite(a)).sum()), "genlm_zero_bytes": int((~np.isfinite(b)).sum()),
-                "ours_heals": sum(x[1].healed for x in sel), "genlm_heals": sum(x[2]["heals"] for x in sel),
+                "part": "genlm", "model": name, "heal": True, "text": kind, "bytes": int(a.size),
+                "zero_prob_bytes": int((~np.isfinite(a)).sum()), "genlm_zero_bytes": int((~np.isfinite(b)).sum()),
+                "healed_bytes": sum(x[1].healed for x in sel), "genlm_heals": sum(x[2]["heals"] for x in sel),
                 "max_abs_diff": float(diff.max()) if diff.size else float("nan"),
                 "mean_abs_diff": float(diff.mean()) if diff.size else float("nan"),
                 "above_tol": int((diff > TOLERANCE).sum()),
                 "sum_ours": float(a[both].sum()), "sum_genlm": float(b[both].sum()),
                 "sum_diff": float(a[both].sum() - b[both].sum()),
                 "prefix_ours": prefix_a, "prefix_genlm": prefix_b, "prefix_diff": prefix_a - prefix_b,
-                "genlm_s": sum(x[2]["seconds"] for x in sel), "ours_s": ours_s if kind == "all" else "",
+                "genlm_s": sum(x[2]["seconds"] for x in sel), "seconds": ours_s if kind == "all" else "",
             })
             print(rows[-1], flush=True)
             if kind == "all":
@@ -231,47 +247,33 @@ def compare(args: argparse.Namespace) -> None:
                 nonfinite = np.flatnonzero(np.isfinite(x.conditionals) != np.isfinite(y["cond"]))
                 for i in [*np.argsort(-d)[:3], *nonfinite[:3]]:
                     worst.append({"model": name, "text": kind, "position": int(i), "byte": repr(piece[i:i + 1]),
-                                  "context": repr(piece[max(0, i - 12):i + 4]).replace("|", "\\|"), "ours": float(x.conditionals[i]),
+                                  "context": repr(piece[max(0, i - 12):i + 4]), "ours": float(x.conditionals[i]),
                                   "genlm": float(y["cond"][i]), "abs_diff": float(abs(x.conditionals[i] - y["cond"][i]))
                                   if np.isfinite(x.conditionals[i]) and np.isfinite(y["cond"][i]) else float("inf")})
-        save_comparison(args, rows, worst)  # after every model: a cut-off run keeps the models done
-
-
-def save_comparison(args: argparse.Namespace, rows: list[dict], worst: list[dict]) -> None:
     worst = sorted(worst, key=lambda r: -r["abs_diff"])
-    columns = ["model", "text", "bytes", "ours_zero_bytes", "genlm_zero_bytes", "ours_heals", "genlm_heals",
-               "max_abs_diff", "mean_abs_diff", "above_tol", "sum_ours", "sum_genlm", "sum_diff",
-               "prefix_ours", "prefix_genlm", "prefix_diff", "genlm_s", "ours_s"]
-    from benchmarks.common import markdown_table
-
-    appendix = "## Largest per-byte differences (and bytes finite on one side only)\n\n" + markdown_table(
+    appendix = "## genlm: largest per-byte differences (and bytes finite on one side only)\n\n" + markdown_table(
         worst[: args.worst], ["model", "text", "position", "byte", "context", "ours", "genlm", "abs_diff"])
     notes = (
-        f"smc_jax (ByteScorer, heal=True) against genlm-bytes (ByteBeamState, heal=True), the same text "
+        f"genlm: smc_jax (ByteScorer, heal=True) against genlm-bytes (ByteBeamState, heal=True), the same text "
         f"chunks read from BOS at equal settings (beam width 5, prune threshold 0.05, back-off limit "
         f"{DEFAULTS.replace(level='byte').beam().heal_max_backoff} bytes). Per-byte differences |ours - GenLM| of "
         f"the conditional log-probabilities, over bytes finite on both sides; tolerance {TOLERANCE} nats "
         f"(above_tol: bytes over it). sum_*: the conditionals' sums over those bytes; prefix_*: the "
         f"log-probability of each chunk from the beams' total weights (GenLM: logZ after the last byte), "
-        f"summed over the chunks. genlm_zero_bytes: bytes GenLM's logp_next gives 0 (GenLM heals the beam "
-        f"after such a byte; smc_jax gives it the healed path's probability). Seconds: measured under load "
-        f"(shared machine), GenLM with torch threads = {args.torch_threads}."
+        f"summed over the chunks (the JSON rows keep both sides' sums). zero_prob_bytes and healed_bytes: "
+        f"smc_jax's; genlm_zero_bytes: bytes GenLM's logp_next gives 0 (GenLM heals the beam after such a "
+        f"byte; smc_jax gives it the healed path's probability). seconds: smc_jax's batch of every chunk "
+        f"(on the 'all' row), genlm_s: GenLM's, with torch threads = {args.torch_threads}."
     )
-    name = "bench_healing_genlm" if len(args.models) > 1 else f"bench_healing_genlm_{args.models[0].split('-')[0]}"
-    print(save(name, rows, columns,
-               {"chunk": args.chunk, "bytes_per_kind": args.genlm_bytes, "tolerance": TOLERANCE}, notes, appendix))
+    meta = {"chunk": args.chunk, "genlm_bytes_per_kind": args.genlm_bytes, "tolerance": TOLERANCE,
+            "torch_threads": args.torch_threads}
+    return Part(rows, notes, meta, appendix)
 
 
 # ----------------------------------------------------------------------------------- SMC part
 
 
-def smc(args: argparse.Namespace) -> None:
-    if args.smc_rows:  # re-summarize the rows a cut-off run printed (one dict per line)
-        import ast
-
-        lines = Path(args.smc_rows).read_text().splitlines()
-        rows = [r for r in (ast.literal_eval(x) for x in lines if x.startswith("{'f': ")) if r["f"] in args.fs]
-        return save_smc(args, rows)
+def smc(args: argparse.Namespace) -> Part:
     smollm2, gemma3 = load_model("smollm2-135m-instruct"), load_model("gemma3-270m")
     experts = (Expert(smollm2, SMC_PROMPT), Expert(gemma3, SMC_PROMPT))
     rows = []
@@ -291,10 +293,6 @@ def smc(args: argparse.Namespace) -> None:
                     "seconds": time.perf_counter() - start,
                 })
                 print(rows[-1], flush=True)
-    save_smc(args, rows)
-
-
-def save_smc(args: argparse.Namespace, rows: list[dict]) -> None:
     summary = []
     for f in args.fs:
         for heal in (False, True):
@@ -304,19 +302,17 @@ def save_smc(args: argparse.Namespace, rows: list[dict]) -> None:
             logz = [r["log_Z"] for r in sel]
             finite = [z for z in logz if np.isfinite(z)]
             summary.append({
-                "f": f, "heal": heal, "runs": len(sel), "dead_final": sum(r["dead_final"] for r in sel),
+                "part": "smc", "f": f, "heal": heal, "runs": len(sel), "dead_final": sum(r["dead_final"] for r in sel),
                 "dead_particle_steps": sum(r["dead_particle_steps"] for r in sel),
                 "particle_steps": sum(r["steps"] for r in sel) * args.particles,
                 "zero_weight_runs": sum(r["zero_weight_run"] for r in sel), "heals": sum(r["heals"] for r in sel),
                 "log_Z_mean_finite": float(np.mean(finite)) if finite else float("-inf"),
                 "log_Z_per_seed": [round(z, 2) if np.isfinite(z) else "-inf" for z in logz],
             })
-    from benchmarks.common import markdown_table
-
-    appendix = "## Per run\n\n" + markdown_table(
+    appendix = "## smc: per run\n\n" + markdown_table(
         rows, ["f", "heal", "seed", "dead_final", "dead_particle_steps", "steps", "heals", "log_Z", "zero_weight_run", "seconds"])
     notes = (
-        f"Byte-level SMC, SmolLM2 x Gemma 3 under {SMC_PROMPT!r}, M = {args.particles}, max_length "
+        f"smc: byte-level SMC, SmolLM2 x Gemma 3 under {SMC_PROMPT!r}, M = {args.particles}, max_length "
         f"{args.max_length} bytes, default beam (width 5, threshold 0.05), seeds 0..{args.seeds - 1}, token "
         f"healing off and on. dead_final: particles with log weight -inf at the end; dead_particle_steps: "
         f"-inf entries of the log-weight trace over all steps (particles dead at a step, before resampling "
@@ -326,16 +322,17 @@ def save_smc(args: argparse.Namespace, rows: list[dict]) -> None:
         f"run, the first run of a setting includes compilation) are indicative only: see the load average "
         f"under Settings."
     )
-    name = "bench_healing_smc" if len(args.fs) > 1 else f"bench_healing_smc_{args.fs[0]}"
-    print(save(name, summary, ["f", "heal", "runs", "dead_final", "dead_particle_steps", "particle_steps",
-                                              "zero_weight_runs", "heals", "log_Z_mean_finite", "log_Z_per_seed"],
-               {"particles": args.particles, "max_length": args.max_length, "seeds": args.seeds, "prompt": SMC_PROMPT,
-                **({"rows_from": "per-run rows printed by an earlier run, re-summarized (--smc-rows)"} if args.smc_rows else {})},
-               notes, appendix))
+    meta = {"smc_particles": args.particles, "smc_max_length": args.max_length, "smc_seeds": args.seeds,
+            "smc_prompt": SMC_PROMPT, "smc_fs": args.fs}
+    return Part(summary, notes, meta, appendix)
+
+
+PARTS = {"scoring": scoring, "genlm": compare, "smc": smc}
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_healing", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--part", nargs="+", choices=["scoring", "genlm", "smc"],
                         default=["scoring", "genlm"] if HAS_GENLM else ["scoring"])
     parser.add_argument("--models", nargs="+", default=["smollm2-135m-instruct", "gemma3-270m"])
@@ -348,12 +345,18 @@ def main() -> None:
     parser.add_argument("--particles", type=int, default=10)
     parser.add_argument("--max-length", type=int, default=40)
     parser.add_argument("--fs", nargs="+", choices=["min", "product"], default=["min", "product"], help="smc: ensembles")
-    parser.add_argument("--smc-rows", help="smc: summarize the per-run rows printed by an earlier run (its log)")
     args = parser.parse_args()
     if "genlm" in args.part and not HAS_GENLM:
         raise SystemExit("genlm-bytes is not installed: pip install -e '.[genlm]'")
-    for part in args.part:
-        {"scoring": scoring, "genlm": compare, "smc": smc}[part](args)
+    parts = [PARTS[name](args) for name in dict.fromkeys(args.part)]
+    rows = [row for part in parts for row in part.rows]
+    columns = [c for c in COLUMNS if any(c in row for row in rows)]
+    meta = {"parts": list(dict.fromkeys(args.part)), "models": args.models}
+    for part in parts:
+        meta.update(part.meta)
+    notes = "\n\n".join(part.notes for part in parts)
+    appendix = "\n\n".join(part.appendix for part in parts if part.appendix)
+    print(save("bench_healing", rows, columns, meta, notes, appendix))
 
 
 if __name__ == "__main__":

@@ -1,5 +1,4 @@
-"""Memory of a byte-SMC run as the output length grows (issue 9: "memory bounded as the output
-length grows").
+"""Memory of a byte-SMC run as the output length grows.
 
 The workload of compare_genlm (b): a product ensemble of SmolLM2-135M-Instruct under two prompts,
 M = 10 particles, beam width 5, relative prune threshold 0.05, ESS threshold 0.9, for max_length
@@ -35,7 +34,7 @@ from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from benchmarks.common import RESULTS, save
+from benchmarks.common import RESULTS, ROOT, save
 
 MODEL = "smollm2-135m-instruct"
 PROMPTS = ("My favorite physicist is", "My favorite author is")
@@ -48,7 +47,7 @@ def measure(length: int, runs: int) -> dict:
     import jax
 
     from smc_jax import load_model
-    from smc_jax.api import EnsembleSampler, Expert
+    from smc_jax.sampler import EnsembleSampler, Expert
 
     model = load_model(MODEL)
     sampler = EnsembleSampler(experts=tuple(Expert(model, p) for p in PROMPTS), f="product", level="byte",
@@ -113,7 +112,7 @@ def plot(rows: list[dict], path: Path) -> Path:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_memory", description=__doc__.split("\n\n")[0])
     parser.add_argument("--lengths", type=int, nargs="+", default=[40, 80, 160, 320], help="max_length values (bytes)")
     parser.add_argument("--runs", type=int, default=2, help="runs per length after the warm-up")
     parser.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)  # one length, JSON to stdout
@@ -126,8 +125,10 @@ def main() -> None:
 
     rows = []
     for length in tqdm(args.lengths, desc="lengths"):
-        out = subprocess.run([sys.executable, __file__, "--child", str(length), "--runs", str(args.runs)],
-                             check=True, capture_output=True, text=True)
+        out = subprocess.run([sys.executable, "-m", "benchmarks.bench_memory", "--child", str(length), "--runs",
+                              str(args.runs)], capture_output=True, text=True, cwd=ROOT)
+        if out.returncode:
+            sys.exit(f"the max_length={length} process failed:\n{out.stderr[-4000:]}")
         rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
     print(report(rows, args.runs, args.lengths))
 

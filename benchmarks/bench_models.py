@@ -10,7 +10,7 @@ Threads: PyTorch runs with OMP_NUM_THREADS=1 / torch.set_num_threads(1) (with tw
 slows down erratically when another process is busy). XLA runs with its defaults: its CPU client
 spreads large matmuls over an Eigen thread pool with one thread per core (2 here).
 
-    python -m benchmarks.bench_models            # writes benchmarks/results/models_cpu.{json,md}
+    python -m benchmarks.bench_models            # writes benchmarks/results/bench_models.{json,md}
 """
 
 from __future__ import annotations
@@ -29,6 +29,8 @@ from pathlib import Path
 
 import numpy as np
 
+from benchmarks.common import RESULTS, ROOT, run_facts
+
 MODELS = ("smollm2-135m-instruct", "gemma3-270m")
 SIDES = ("jax", "jax_split", "torch")
 ROUNDS = 2
@@ -38,8 +40,6 @@ DECODE_PROMPT_TOKENS = 64
 DECODE_STEPS = 16
 DECODE_BATCH = 16
 THREADS = "1"
-RESULTS = Path(__file__).parent / "results"
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def _median_seconds(fn, reps: int = REPS, warmup: list | None = None) -> float:
@@ -173,8 +173,8 @@ WORKERS = {"jax": worker_jax, "jax_split": worker_jax_split, "torch": worker_tor
 def _run_worker(kind: str, model: str) -> dict:
     env = {**os.environ, "OMP_NUM_THREADS": THREADS, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
     done = subprocess.run(
-        [sys.executable, __file__, "--worker", kind, "--model", model],
-        env=env, capture_output=True, text=True, check=False,
+        [sys.executable, "-m", "benchmarks.bench_models", "--worker", kind, "--model", model],
+        env=env, capture_output=True, text=True, check=False, cwd=ROOT,
     )
     if done.returncode:
         raise RuntimeError(f"{kind} worker for {model} failed:\n{done.stderr[-4000:]}")
@@ -232,7 +232,8 @@ def _summarise(runs: dict) -> dict:
     return summary
 
 
-def _markdown(summary: dict, machine: dict) -> str:
+def _markdown(summary: dict, meta: dict) -> str:
+    machine = meta["machine"]
     lines = [
         "# JAX port vs transformers PyTorch eager (CPU, float32)",
         "",
@@ -259,14 +260,16 @@ def _markdown(summary: dict, machine: dict) -> str:
                 f"| {row['jax_advantage']:.2f}x | {row['jax_split_advantage']:.2f}x |"
             )
         lines.append(f"| {model} | first load: GGUF conversion (s) | {rows['first_load_s']:.1f} | | | | |")
+    lines += ["", "Settings:", f"- date: {meta['date']}", f"- commit: {meta['commit']}",
+              *(f"- {key}: {value}" for key, value in meta["settings"].items())]
     return "\n".join(lines) + "\n"
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--worker", choices=sorted(WORKERS))
-    parser.add_argument("--model", choices=MODELS)
-    parser.add_argument("--out", type=Path, default=RESULTS)
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_models", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--worker", choices=sorted(WORKERS), help=argparse.SUPPRESS)  # one measurement, JSON to stdout
+    parser.add_argument("--model", choices=MODELS, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
         print(json.dumps(WORKERS[args.worker](args.model)))
@@ -274,7 +277,7 @@ def main() -> None:
 
     from tqdm import tqdm
 
-    machine = _machine()
+    facts, machine = run_facts(), _machine()
     tasks = [(model, "convert") for model in MODELS]
     tasks += [(model, side) for _ in range(ROUNDS) for model in MODELS for side in SIDES]
     runs: dict = {model: {kind: [] for kind in (*SIDES, "convert")} for model in MODELS}
@@ -282,13 +285,13 @@ def main() -> None:
         runs[model][kind].append(_run_worker(kind, model))
     machine["load_average_end"] = os.getloadavg()
     summary = _summarise(runs)
-    args.out.mkdir(parents=True, exist_ok=True)
-    result = {"machine": machine, "settings": {
+    meta = {**facts, "machine": machine, "settings": {
         "rounds": ROUNDS, "reps": REPS, "prompt_tokens": PROMPT_TOKENS, "decode_prompt_tokens": DECODE_PROMPT_TOKENS,
-        "decode_steps": DECODE_STEPS, "decode_batch": DECODE_BATCH}, "summary": summary, "runs": runs}
-    (args.out / "models_cpu.json").write_text(json.dumps(result, indent=1))
-    table = _markdown(summary, machine)
-    (args.out / "models_cpu.md").write_text(table)
+        "decode_steps": DECODE_STEPS, "decode_batch": DECODE_BATCH}}
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / "bench_models.json").write_text(json.dumps({"meta": meta, "summary": summary, "runs": runs}, indent=1))
+    table = _markdown(summary, meta)
+    (RESULTS / "bench_models.md").write_text(table)
     print(table)
 
 

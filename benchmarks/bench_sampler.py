@@ -26,8 +26,8 @@ from tqdm import tqdm
 
 from benchmarks.common import save, timed
 from smc_jax import load_model
-from smc_jax.api import EnsembleSampler, Expert
-from smc_jax.tasks import get_task
+from smc_jax.sampler import EnsembleSampler, Expert
+from evaluation.tasks import get_task
 
 
 def as_text(chat) -> str:
@@ -53,7 +53,7 @@ def methods(smol, gemma, prompts, tokens: int, byte_len: int) -> dict[str, Ensem
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_sampler", description=__doc__.split("\n\n")[0])
     parser.add_argument("--tokens", type=int, default=24, help="length limit in tokens")
     parser.add_argument("--bytes", type=int, default=64, help="length limit in bytes (byte level)")
     parser.add_argument("--seeds", type=int, default=3)

@@ -1,4 +1,4 @@
-"""Scoring many (prompt, continuation) pairs in one process (issue 20).
+"""Scoring many (prompt, continuation) pairs in one process.
 
 500 different pairs (prompts and continuations of varied lengths, built from sentences) scored
 with SmolLM2 as a byte-level LM: `smc_jax.logprob` one pair at a time, then
@@ -7,7 +7,7 @@ with SmolLM2 as a byte-level LM: `smc_jax.logprob` one pair at a time, then
 50 and 500 pairs, and seconds per pair after warm-up (the pairs after the first 50).
 Writes benchmarks/results/bench_scoring.{json,md}.
 
-Run: python benchmarks/bench_scoring.py [--pairs 500] [--model smollm2-135m-instruct]
+Run: python -m benchmarks.bench_scoring [--pairs 500] [--model smollm2-135m-instruct]
 """
 
 from __future__ import annotations
@@ -15,18 +15,15 @@ from __future__ import annotations
 import argparse
 import os
 import random
-import sys
 import time
-from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np  # noqa: E402
 
 from benchmarks.common import save  # noqa: E402
 from smc_jax import load_model, logprob, logprob_batch  # noqa: E402
-from smc_jax.scorer import scorer_for  # noqa: E402
+from smc_jax.scoring import scorer_for  # noqa: E402
 from smc_jax.utils.compilation import count_compilations  # noqa: E402
 
 WORDS = (
@@ -52,7 +49,7 @@ def maps() -> int:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_scoring", description=__doc__)
     parser.add_argument("--pairs", type=int, default=500)
     parser.add_argument("--model", default="smollm2-135m-instruct")
     parser.add_argument("--batch", type=int, default=8)

@@ -3,7 +3,7 @@
 XLA can split one CPU into N "devices" (XLA_FLAGS=--xla_force_host_platform_device_count=N),
 but the flag must be set before jax is imported, so each device count runs in its own process
 (this script with --worker N). Every worker runs the same samplers on a mesh of N particle
-devices (`smc_jax.sharding.run_sharded`) with the same keys:
+devices (`smc_jax.smc.sharding.run_sharded`) with the same keys:
 
 * toy n-grams: two n-gram experts (orders 2 and 3, 8 symbols), M = 256, L = 32, ESS 0.9;
 * token experts: one random 2-layer transformer (hidden 64, 4 heads, vocabulary 64) under two
@@ -40,7 +40,7 @@ to fall. What carries over to real accelerators is `same_as_1_device`: every dev
 the symbols, ancestors and step counts of the 1-device run for every key, and its weights up to
 the summation order of cross-device sums (`max_abs_dlogw`). On N accelerators each device
 computes its M / N particles (and, for the token experts, about 1 / N of the deduplicated model
-rows; see the README, "Several devices"). compile_s: first call minus the median run; wall_s:
+rows; see docs/devices.md). compile_s: first call minus the median run; wall_s:
 median of `repeats` runs with different keys.
 """
 
@@ -50,7 +50,7 @@ median of `repeats` runs with different keys.
 def workloads():
     import jax
 
-    from smc_jax.ensemble import make_ensemble
+    from smc_jax.smc.ensemble import make_ensemble
     from smc_jax.experts import NGramExpert
     from smc_jax.experts.base import stack_experts
     from smc_jax.experts.token import TokenExperts
@@ -82,7 +82,7 @@ def worker(devices: int, repeats: int, out: Path) -> None:
     import numpy as np
 
     from benchmarks.common import timed
-    from smc_jax.sharding import make_mesh, run_sharded
+    from smc_jax.smc.sharding import make_mesh, run_sharded
 
     assert jax.device_count() == devices, jax.devices()
     mesh = make_mesh()
@@ -128,7 +128,7 @@ def compare(reference: dict, other: dict, workload: str) -> tuple[bool, float]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_sharding", description=__doc__.split("\n\n")[0])
     parser.add_argument("--devices", type=int, nargs="*", default=[1, 2, 4, 8])
     parser.add_argument("--repeats", type=int, default=3, help="timed runs (one key each) per device count")
     parser.add_argument("--worker", type=int, help=argparse.SUPPRESS)

@@ -17,6 +17,7 @@ benchmarks/results/bench_trie.{json,md}. Run: python -m benchmarks.bench_trie
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import json
 import os
@@ -41,7 +42,8 @@ from smc_jax.bytes.trie import (  # noqa: E402
 )
 from smc_jax.bytes.vocab import token_byte_strings  # noqa: E402
 
-RESULTS = Path(__file__).parent / "results"
+from benchmarks.common import RESULTS, run_facts  # noqa: E402
+
 REPEATS = 20
 BUILD_REPEATS = 3
 NODE_BATCH = 64  # nodes per vmapped next_byte_logmass call
@@ -199,8 +201,8 @@ NOTES = [
 ]
 
 
-def markdown(environment: dict, rows: list[dict]) -> str:
-    lines = ["# Token trie micro-benchmark", "", "```", json.dumps(environment, indent=1), "```", ""]
+def markdown(meta: dict, rows: list[dict]) -> str:
+    lines = ["# Token trie micro-benchmark", "", "```", json.dumps(meta, indent=1), "```", ""]
     lines += ["| | " + " | ".join(row["vocabulary"] for row in rows) + " |", "|---" * (len(rows) + 1) + "|"]
     for field in ["vocab_size", "byte_tokens", "nodes", "node_token_pairs", "large_nodes", "max_depth"]:
         lines.append(f"| {field} | " + " | ".join(f"{row[field]:,}" for row in rows) + " |")
@@ -235,7 +237,10 @@ def markdown(environment: dict, rows: list[dict]) -> str:
 
 
 def main() -> None:
-    environment = dict(
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_trie", description=__doc__.split("\n\n")[0])
+    parser.parse_args()
+    meta = dict(
+        **run_facts(),
         jax=jax.__version__,
         device=str(jax.devices()[0]),
         cpu_count=os.cpu_count(),
@@ -245,10 +250,10 @@ def main() -> None:
         repeats=REPEATS,
     )
     rows = [bench_vocabulary(name, tokenizer) for name, tokenizer in load_tokenizers().items()]
-    environment["load_average_at_end"] = os.getloadavg()
+    meta["load_average_at_end"] = os.getloadavg()
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "bench_trie.json").write_text(json.dumps(dict(environment=environment, results=rows), indent=1) + "\n")
-    report = markdown(environment, rows)
+    (RESULTS / "bench_trie.json").write_text(json.dumps(dict(meta=meta, results=rows), indent=1) + "\n")
+    report = markdown(meta, rows)
     (RESULTS / "bench_trie.md").write_text(report)
     print(report)
 

@@ -1,20 +1,24 @@
 """Shared benchmark plumbing: machine facts, timing with warm-up and medians, result files.
 
-Every script prints a markdown table and saves `benchmarks/results/<name>.json` and `.md`.
+Every script prints a markdown table and saves `benchmarks/results/<script>.json` and `.md`
+(one pair per script, overwritten by a rerun), with the run's date and commit in their meta.
 """
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import platform
 import statistics
+import subprocess
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 RESULTS = Path(__file__).parent / "results"
+ROOT = Path(__file__).resolve().parents[1]
 
 
 #: The vector extensions that change what XLA:CPU and torch generate for matmuls.
@@ -32,6 +36,22 @@ def cpu_model() -> dict[str, Any]:
     fields = {k.strip(): v.strip() for k, v in fields.items()}
     flags = set(fields.get("flags", "").split())
     return {"cpu_model": fields.get("model name", ""), "isa": [f for f in _ISA_FLAGS if f in flags]}
+
+
+def commit() -> str:
+    """`git rev-parse HEAD` of this checkout, with "-dirty" when `git status --porcelain` lists
+    changes; "unknown" without git or outside a repository."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True)
+        status = subprocess.run(["git", "status", "--porcelain"], cwd=ROOT, capture_output=True, text=True, check=True)
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return head.stdout.strip() + ("-dirty" if status.stdout.strip() else "")
+
+
+def run_facts() -> dict[str, str]:
+    """When and from what code a result was measured: `date` (UTC, ISO 8601) and `commit`."""
+    return {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "commit": commit()}
 
 
 def machine() -> dict[str, Any]:
@@ -75,18 +95,20 @@ def markdown_table(rows: Sequence[dict[str, Any]], columns: Sequence[str]) -> st
 
 
 def save(name: str, rows: Sequence[dict[str, Any]], columns: Sequence[str], meta: dict[str, Any], notes: str = "",
-         appendix: str = "", directory: Path | str = RESULTS) -> str:
-    """Writes <directory>/<name>.json (rows + meta + machine) and <directory>/<name>.md (directory:
-    results/ unless given); returns the table. `appendix` (markdown, e.g. further tables) goes
-    after the table, before the settings."""
+         appendix: str = "", directory: Path | str = RESULTS, extra: dict[str, Any] | None = None) -> str:
+    """Writes <directory>/<name>.json (meta: the run's date, commit and machine, then `meta`; the
+    rows; the `extra` keys) and <directory>/<name>.md; returns the table. A benchmark script saves
+    under its module name in results/ (the default directory). `appendix` (markdown, e.g. further
+    tables) goes after the table, before the settings."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    info = {"machine": machine(), **meta}
-    (directory / f"{name}.json").write_text(json.dumps({"meta": info, "rows": list(rows)}, indent=2, default=str))
+    info = {**run_facts(), "machine": machine(), **meta}
+    data = {"meta": info, "rows": list(rows), **(extra or {})}
+    (directory / f"{name}.json").write_text(json.dumps(data, indent=2, default=str))
     table = markdown_table(rows, columns)
     header = f"# {name}\n\n" + (notes.strip() + "\n\n" if notes else "")
     settings = "\n".join(f"- {k}: {v}" for k, v in info.items() if k != "machine")
-    extra = "\n\n" + appendix.strip() if appendix else ""
-    body = f"{header}{table}{extra}\n\nSettings:\n{settings}\n- machine: {info['machine']}\n"
+    tail = "\n\n" + appendix.strip() if appendix else ""
+    body = f"{header}{table}{tail}\n\nSettings:\n{settings}\n- machine: {info['machine']}\n"
     (directory / f"{name}.md").write_text(body)
     return table

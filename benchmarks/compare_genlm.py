@@ -1,5 +1,5 @@
 """smc_jax against GenLM (genlm-control, genlm-bytes, genlm-backend) on the same workloads and
-models, in one process, one side after the other (issues 9, 18).
+models, in one process, one side after the other.
 
 Workloads (`--workloads`, all by default):
 
@@ -34,8 +34,8 @@ Conventions, so that both sides do the same work:
   level, EOS-terminated runs are not equal work: under p1 * p2 both samplers often collapse onto
   a few-token string that ends early (" Elon Musk." + EOS), but a single particle still
   extending keeps a run going to the limit (with 9 finished particles of equal weight the ESS
-  stays >= 0.9 M, so nothing resamples it away), so a run takes 5 or 40 steps at random (the
-  earlier results: GenLM 6-9 calls per run, smc_jax 33-39). The token workload therefore
+  stays >= 0.9 M, so nothing resamples it away), so a run takes 5 or 40 steps at random (GenLM
+  6-9 calls per run, smc_jax 33-39, when the runs end at EOS). The token workload therefore
   samples p1(x) p2(x) (prefix probabilities) over strings of exactly L = max_tokens tokens on
   both sides: GenLM multiplies a potential that gives EOS weight 0 (`genlm_side.no_eos`) into
   the product and closes particles at L with `terminate_when` (no EOS factor); smc_jax uses an
@@ -78,21 +78,19 @@ Conventions, so that both sides do the same work:
   over the model groups. "Everything else" (the profile, c) is wall - floor.
 * Layers: smc_jax loads its models with `load_model`'s default weight layout (on CPU each
   layer's weights in their own buffers, which XLA:CPU reads in place; else stacked on a layer
-  axis, which a `lax.scan` slices and XLA copies on every call, see bench_call_profile) unless
-  `--layers split|stacked`, and runs the layers in a rolled loop unless `--layer-loop unrolled`
-  (`transformer.UNROLL_LAYERS`: straight-line, each layer compiled apart). Same arithmetic,
-  logits within 2e-4. On CPU each call reads its rows' paths only up to the longest of them
-  (`paged.CUT_PATHS_ON`) unless `--whole-paths` (same bits for SmolLM2, within 1e-4 for Gemma 3).
+  axis, which a `lax.scan` slices and XLA copies on every call) unless `--layers split|stacked`.
+  Same arithmetic, logits within 2e-4. On CPU each call reads its rows' paths only up to the
+  longest of them (`PagedTransformer.cut_paths`).
 * Precision: both sides run float32 models (the same dequantized GGUF weights) unless
   `--precision bf16-matmuls`: then smc_jax multiplies in bfloat16 with float32 accumulation and
   float32 activations (`load_model(..., matmul_dtype=jnp.bfloat16)`) and GenLM's torch model is
   cast to bfloat16 (what `torch_dtype="auto"`, GenLM's loader default, gives for the bfloat16
   Hugging Face checkpoints of both models). Close to, not the same as, the float32 target on
-  either side (bench_call_profile measures smc_jax's log-prob differences).
+  either side.
 * Compilations: XLA compilations during the timed runs (after the warm-up) are counted with
   `smc_jax.utils.compilation.count_compilations`; 0 means no run recompiled.
 
-Writes <out>/<name>.{json,md} (benchmarks/results/compare_genlm.* by default). Needs the `genlm`
+Writes benchmarks/results/compare_genlm.{json,md}. Needs the `genlm`
 extra (pip install -e ".[genlm]") unless --skip-genlm. Run: python -m benchmarks.compare_genlm
 """
 
@@ -107,7 +105,6 @@ import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
 from importlib.metadata import version
-from pathlib import Path
 from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -118,15 +115,14 @@ import numpy as np
 from flax import struct
 from tqdm import tqdm
 
-from benchmarks.common import RESULTS, markdown_table, save
+from benchmarks.common import markdown_table, save
 from benchmarks.genlm_side import GENLM_MISSING, GenLM, byte_potentials, genlm_smc, genlm_text, token_potentials
 from smc_jax import load_model
-from smc_jax.api import EnsembleSampler, Expert
-from smc_jax.ensemble import CustomEnsemble
-from smc_jax.evaluation.stats import CONFIDENCE, Interval, t_interval
+from smc_jax.sampler import EnsembleSampler, Expert
+from smc_jax.smc.ensemble import CustomEnsemble
+from evaluation.stats import CONFIDENCE, Interval, t_interval
 from smc_jax.experts.base import ExpertStack, expert_failure
 from smc_jax.experts.byte import ByteExperts
-from smc_jax.models import paged, transformer
 from smc_jax.models.contexts import bucket_sizes
 from smc_jax.models.lm import LanguageModel
 from smc_jax.models.paged import paged_decode
@@ -226,7 +222,7 @@ class Ratio:
 
 
 def mean_interval(values: Sequence[float]) -> Interval:
-    """mean +- the 95% t-interval half-width over runs (`smc_jax.evaluation.stats.t_interval`).
+    """mean +- the 95% t-interval half-width over runs (`evaluation.stats.t_interval`).
 
     Parameters
     ----------
@@ -237,25 +233,22 @@ def mean_interval(values: Sequence[float]) -> Interval:
 
 
 def ratio_interval(numerator: Sequence[float], denominator: Sequence[float], confidence: float = CONFIDENCE,
-                   resamples: int = BOOTSTRAP_RESAMPLES, seed: int = BOOTSTRAP_SEED, paired: bool = False) -> Ratio:
+                   resamples: int = BOOTSTRAP_RESAMPLES, seed: int = BOOTSTRAP_SEED) -> Ratio:
     """R = mean(numerator) / mean(denominator) and its percentile bootstrap interval: both samples
-    are resampled with replacement independently (with `paired`, index i of both together),
-    R* = mean(num*) / mean(den*), and the interval is the (1 -+ confidence) / 2 quantiles of R*.
-    Without two values on each side: no interval.
+    are resampled with replacement, independently of each other, R* = mean(num*) / mean(den*),
+    and the interval is the (1 -+ confidence) / 2 quantiles of R*. Without two values on each
+    side: no interval.
 
     Parameters
     ----------
     numerator, denominator : sequence of float
-        Per-run values of the two sides (e.g. GenLM's and smc_jax's seconds): independent, or
-        with `paired` one per seed in the same order on both sides.
+        Per-run values of the two sides (e.g. GenLM's and smc_jax's seconds).
     confidence : float
         The interval's coverage.
     resamples : int
         Bootstrap resamples.
     seed : int
         Seed of the resampling (the interval is reproducible).
-    paired : bool
-        Resample pairs: the spread between seeds, shared by both sides, leaves the interval.
 
     Returns
     -------
@@ -263,17 +256,14 @@ def ratio_interval(numerator: Sequence[float], denominator: Sequence[float], con
         R with its interval (NaN bounds when a side has fewer than two values).
     """
     num, den = np.asarray(numerator, np.float64), np.asarray(denominator, np.float64)
-    if paired and num.shape != den.shape:
-        raise ValueError(f"paired runs need as many values on each side, got {num.size} and {den.size}")
     if num.size == 0 or den.size == 0:
         return Ratio(math.nan, math.nan, math.nan)
     value = float(num.mean() / den.mean())
     if num.size < 2 or den.size < 2:
         return Ratio(value, math.nan, math.nan)
     rng = np.random.default_rng(seed)
-    pick = rng.integers(0, num.size, (resamples, num.size))
-    num_means = num[pick].mean(axis=1)
-    den_means = den[pick if paired else rng.integers(0, den.size, (resamples, den.size))].mean(axis=1)
+    num_means = num[rng.integers(0, num.size, (resamples, num.size))].mean(axis=1)
+    den_means = den[rng.integers(0, den.size, (resamples, den.size))].mean(axis=1)
     with np.errstate(divide="ignore", invalid="ignore"):
         ratios = num_means / den_means
     low, high = np.quantile(ratios, [(1 - confidence) / 2, (1 + confidence) / 2])
@@ -594,8 +584,6 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     add_prefetch_options(parser)
     parser.add_argument("--no-call-costs", action="store_true",
                         help="skip the per-call decode timings (no floor; fewer compilations)")
-    parser.add_argument("--name", default="compare_genlm", help="results name: <out>/<name>.{json,md}")
-    parser.add_argument("--out", type=Path, default=RESULTS, help="results folder (default benchmarks/results)")
     args = parser.parse_args(argv)
     for option in ("runs", "max_tokens", "particles"):
         if getattr(args, option) < 1:
@@ -616,10 +604,10 @@ PRECISION_NOTES = {
 
 
 def add_precision_option(parser: argparse.ArgumentParser) -> None:
-    """--precision, read by `model_loader` (and by bench_calls, which loads its own models)."""
+    """--precision, read by `model_loader` and by `GenLM`."""
     parser.add_argument("--precision", choices=PRECISIONS, default="f32",
                         help="model arithmetic (f32: float32 throughout; bf16-matmuls: smc_jax's matmuls in bfloat16 "
-                             "with float32 accumulation, and in compare_genlm GenLM's model cast to bfloat16)")
+                             "with float32 accumulation, and GenLM's model cast to bfloat16)")
 
 
 def add_prefetch_options(parser: argparse.ArgumentParser) -> None:
@@ -643,24 +631,13 @@ def check_prefetch_options(parser: argparse.ArgumentParser, args: argparse.Names
 
 
 def add_layer_options(parser: argparse.ArgumentParser) -> None:
-    """--layers (the weight layout), --layer-loop (rolled or straight-line) and --whole-paths, read by
-    `model_loader`."""
+    """--layers (the weight layout), read by `model_loader`."""
     parser.add_argument("--layers", choices=("split", "stacked"), default=None,
                         help="smc_jax: load_model(..., split_layers=...) (default: load_model's, split on CPU)")
-    parser.add_argument("--layer-loop", choices=("rolled", "unrolled"), default=None,
-                        help="smc_jax: transformer.UNROLL_LAYERS (default: rolled)")
-    parser.add_argument("--whole-paths", action="store_true",
-                        help="smc_jax: read every path whole (paged.CUT_PATHS_ON = ()), as before path cutting; "
-                             "(bench_path_cut compares both ways)")
 
 
 def model_loader(args: argparse.Namespace) -> tuple[Callable[[str], LanguageModel], dict[str, LanguageModel]]:
-    """Sets the layer loop of --layer-loop and --whole-paths; returns name -> model, each loaded once with --layers
-    and --precision, and the models loaded so far."""
-    if args.layer_loop is not None:
-        transformer.UNROLL_LAYERS = args.layer_loop == "unrolled"
-    if args.whole_paths:
-        paged.CUT_PATHS_ON = ()
+    """Name -> model, each loaded once with --layers and --precision, and the models loaded so far."""
     split = None if args.layers is None else args.layers == "split"
     precision = PRECISIONS[args.precision]
     loaded: dict[str, LanguageModel] = {}
@@ -674,12 +651,10 @@ def model_loader(args: argparse.Namespace) -> tuple[Callable[[str], LanguageMode
 
 
 def layer_layouts(models: Iterable[LanguageModel]) -> list[str]:
-    """How smc_jax's loaded models hold their layer weights (see `load_model(split_layers=...)`),
-    the layer loop they run (`transformer.UNROLL_LAYERS`) and whether paths are cut to each
-    call's span (`paged.CUT_PATHS_ON`)."""
-    loop = "straight-line" if transformer.UNROLL_LAYERS else "rolled"
-    paths = "paths cut to the span" if jax.default_backend() in paged.CUT_PATHS_ON else "whole paths"
-    return sorted({f"{'split' if model.split_layers else 'stacked'}, {loop}, {paths}" for model in models})
+    """How smc_jax's loaded models hold their layer weights (see `load_model(split_layers=...)`)
+    and whether paths are cut to each call's span (`PagedTransformer.cut_paths`)."""
+    return sorted({f"{'split' if model.split_layers else 'stacked'}, "
+                   f"{'paths cut to the span' if model.paged().cuts_paths else 'whole paths'}" for model in models})
 
 
 def threads_used(genlm: GenLM | None) -> dict[str, Any]:
@@ -768,7 +743,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         f"{args.prefetch_slots} slots and {args.prefetch_children} children per particle. "
         f"smc_jax's layer weights: {', '.join(meta['layers'])}. Load average (1/5/15 min) before, between and after the sides: {load}. "
         "See the script's docstring for the conventions (same target, lengths, prompts).")
-    print(save(args.name, rows, columns, meta, notes, appendix, directory=args.out))
+    print(save("compare_genlm", rows, columns, meta, notes, appendix))
     print(appendix)
 
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from smc_jax.api import Expert
+from smc_jax.sampler import Expert
 from smc_jax.models.lm import LanguageModel
 from smc_jax.models.registry import resolve
 

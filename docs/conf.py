@@ -53,9 +53,12 @@ def _modules_with_all():
     import importlib
     import pkgutil
 
+    import evaluation
     import smc_jax
 
-    names = ["smc_jax"] + [f"smc_jax.{m.name}" for m in pkgutil.iter_modules(smc_jax.__path__)]
+    names = []
+    for package in (smc_jax, evaluation):
+        names += [package.__name__] + [m.name for m in pkgutil.walk_packages(package.__path__, package.__name__ + ".")]
     return [n for n in names if hasattr(importlib.import_module(n), "__all__")]
 
 
@@ -75,7 +78,7 @@ nitpicky = True
 nitpick_ignore_regex = [
     (r"py:.*", r"(jax|jnp|np|numpy|optax|chex|flax|jaxtyping|typing|collections|pathlib|enum|abc|dataclasses)\..*"),
     (r"py:.*", r"(Array|ArrayLike|PRNGKey|PyTree|Callable|Sequence|Mapping|Iterable|Iterator|Any|Optional|Union)"),
-    (r"py:obj", r"smc_jax\.tasks\.base\.InstanceT"),  # a TypeVar
+    (r"py:obj", r"evaluation\.tasks\.base\.InstanceT"),  # a TypeVar
     # The types in numpy docstrings are prose ("jax.Array, shape [M, K]", {"eos", "truncate"}),
     # not references; references to smc_jax's own classes must still resolve.
     (r"py:class", r"(?!smc_jax\.).*"),

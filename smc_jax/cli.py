@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from smc_jax.ensemble import NAMED_TAUS, make_ensemble
+from smc_jax.smc.ensemble import NAMED_TAUS, make_ensemble
 from smc_jax.models.tokenizer import check_prompt
 from smc_jax.settings import DEFAULTS, LEVELS, SamplerSettings
 
@@ -205,7 +205,7 @@ def run_sample(args: argparse.Namespace) -> int:
     """
     from tqdm.auto import tqdm
 
-    from smc_jax.api import EnsembleSampler, Expert
+    from smc_jax.sampler import EnsembleSampler, Expert
     from smc_jax.smc.progress import report_progress
 
     pairs, settings = validate(args)

@@ -6,12 +6,10 @@ settings draws the same samples whichever door it comes through.
 
 The defaults, and why:
 
-* ``max_length=64``: long enough for a sentence in bytes or tokens; the CLI used 40 before, the
-  library 64 -- the library's value stays, so existing programs keep their samples.
+* ``max_length=64``: long enough for a sentence in bytes or tokens.
 * ``at_max_length="eos"``: EOS is forced at the limit with its weight factor, so the sampler
   targets phi restricted to strings of length <= L, unbiasedly. "truncate" targets a different
-  (prefix) distribution and marks strings unfinished; it stays available, but a new user should
-  get the unbiased target by default (the CLI used "truncate" before).
+  (prefix) distribution and marks strings unfinished.
 * ``beam_width=5``, ``prune_threshold=0.05``: the paper's byte-level experiments (and GenLM's
   defaults in our comparisons).
 * ``heal=True``: token healing, as in genlm-bytes: a byte that no kept hypothesis can read gets
@@ -36,6 +34,12 @@ LEVELS = ("token", "byte", "local")
 #: Beam settings of the paper's byte-level experiments (and GenLM's defaults in our comparisons).
 DEFAULT_BEAM_WIDTH = 5
 DEFAULT_PRUNE_THRESHOLD = 0.05
+#: Context-store growth factor when a run overflows its starting capacity.
+CAPACITY_GROWTH = 2
+#: Largest context-store scale tried before an overflow is reported.
+MAX_CAPACITY_SCALE = 64
+#: Starting byte-level context capacity per particle and unit of beam width.
+CONTEXTS_PER_BEAM_SLOT = 3
 
 
 @dataclasses.dataclass(frozen=True)

@@ -23,8 +23,8 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "1")
 jax.config.update("jax_compilation_cache_dir", os.environ["JAX_COMPILATION_CACHE_DIR"])
 jax.config.update("jax_persistent_cache_min_compile_time_secs", float(os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"]))
 # Most of the suite's time is XLA compiling programs that then run for milliseconds: with LLVM's
-# optimizations off, a toy byte-level test took 16% less time and a SmolLM2 byte test 25% less
-# (2026-11-26). Subprocesses and notebook kernels inherit it. SMC_JAX_TEST_OPTIMIZE=1 keeps them.
+# optimizations off, a toy byte-level test takes 16% less time and a SmolLM2 byte test 25% less.
+# Subprocesses and notebook kernels inherit it. SMC_JAX_TEST_OPTIMIZE=1 keeps them.
 if os.environ.get("SMC_JAX_TEST_OPTIMIZE") != "1":
     os.environ.setdefault("JAX_DISABLE_MOST_OPTIMIZATIONS", "1")
 jax.config.update("jax_disable_most_optimizations", os.environ.get("JAX_DISABLE_MOST_OPTIMIZATIONS") == "1")
@@ -92,7 +92,7 @@ def pytest_runtest_logreport(report):
 #: beam's toy programs, 5-9 min for the others, measured with SMC_JAX_TEST_TIMES on 2 cores),
 #: longest first. They are collected first, so that under `pytest -n 2 --dist loadfile` a worker
 #: starts each of them early instead of one worker running a 20-minute file alone at the end.
-LONGEST_FIRST = ("test_notebooks.py", "test_beam.py", "test_sharding.py", "test_smc_exact.py")
+LONGEST_FIRST = ("test_notebooks.py", "test_beam.py", "test_sharding.py", "test_exact.py")
 
 
 def pytest_configure(config):

@@ -1,6 +1,6 @@
 """The documentation site builds with warnings as errors, and its pages render in a browser.
 
-The site is built once per session (the same sphinx-build call as `.ci/docs`, into a temporary
+The site is built once per test run (the same sphinx-build call as `.ci/docs`, into a temporary
 folder). Pages are opened in headless Chromium when it is installed (`.ci/setup` installs it
 on Debian as root): its `--dump-dom` gives the DOM after the page's scripts ran (MathJax
 typesets the formulas), and a screenshot checks that something was drawn. Without Chromium the built HTML files are parsed
@@ -90,9 +90,9 @@ def test_api_page(site, tmp_path):
     import smc_jax
     for name in smc_jax.__all__:
         assert name in table, f"smc_jax.{name} is not in the API reference's table"
-    module = open_page(site / "api" / "generated" / "smc_jax.api.html")
+    module = open_page(site / "api" / "generated" / "smc_jax.sampler.html")
     functions = {dt.get("id") for dt in module.select("dl.py.function > dt")}
-    assert "smc_jax.api.sample" in functions, functions
+    assert "smc_jax.sampler.sample" in functions, functions
     # numpy docstrings rendered by napoleon: a Parameters field list
     assert module.select("dl.field-list"), "no Parameters section rendered"
 

@@ -17,10 +17,10 @@ import typing
 import pytest
 
 PUBLIC_MODULES = [
-    "smc_jax", "smc_jax.api", "smc_jax.ensemble", "smc_jax.experts", "smc_jax.smc", "smc_jax.models",
-    "smc_jax.models.flax_adapter",
-    "smc_jax.bytes", "smc_jax.learn", "smc_jax.sharding", "smc_jax.exact", "smc_jax.plots",
-    "smc_jax.evaluation", "smc_jax.tasks", "smc_jax.cli",
+    "smc_jax", "smc_jax.sampler", "smc_jax.scoring", "smc_jax.settings", "smc_jax.constraints", "smc_jax.plots",
+    "smc_jax.cli", "smc_jax.smc", "smc_jax.smc.ensemble", "smc_jax.smc.exact", "smc_jax.smc.learn",
+    "smc_jax.smc.sharding", "smc_jax.experts", "smc_jax.bytes", "smc_jax.models", "smc_jax.models.flax_adapter",
+    "evaluation", "evaluation.tasks",
 ]
 SECTION = re.compile(r"^\s*(Parameters|Attributes|Args|Arguments)\s*:?\s*$", re.M)
 AUTO_DOC = re.compile(r"^\w+\(.*\)$", re.S)  # the docstring dataclasses and namedtuples make up
@@ -62,7 +62,7 @@ def needs_arguments_section(obj):
 
 
 def protocol_doc(cls, attr):
-    from smc_jax.ensemble import Ensemble
+    from smc_jax.smc.ensemble import Ensemble
     from smc_jax.experts import ExpertGroup
 
     return any(isinstance(getattr(proto, attr, None), typing.Callable) and own_doc(getattr(proto, attr))
@@ -124,7 +124,7 @@ def test_public_names_are_documented():
 
 def test_the_check_sees_the_api():
     names = {public for public, _ in objects()}
-    assert {"smc_jax.sample", "smc_jax.EnsembleSampler", "smc_jax.SMC", "smc_jax.learn.fit"} <= names
+    assert {"smc_jax.sample", "smc_jax.EnsembleSampler", "smc_jax.SMC", "smc_jax.smc.learn.fit"} <= names
     assert len(names) > 100
 
 

@@ -1,6 +1,5 @@
-"""Fixed-seed regression: a few runs at each level, recorded from the code as it was before the
-issue-16 refactor (layout, settings object, split functions). Same key, same samples: a
-refactor that changes any text, weight or log Z-hat here changed behaviour.
+"""Fixed-seed regression: a few runs at each level. Same key, same samples: a refactor that
+changes any text, weight or log Z-hat here changed behaviour.
 
 The recorded values are literals below. To re-record after an *intended* behaviour change, run
 

@@ -14,7 +14,7 @@ from smc_jax.settings import DEFAULTS, SamplerSettings, names
 def test_sample_defaults_are_the_settings_defaults():
     import inspect
 
-    from smc_jax.api import logprob, sample
+    from smc_jax.sampler import logprob, sample
 
     for fn in (sample, logprob):
         for name, param in inspect.signature(fn).parameters.items():
@@ -71,16 +71,26 @@ def test_valid_prompts_pass():
 
 
 def test_expert_with_a_prompt_that_is_not_text_fails_on_construction():
-    from smc_jax.api import Expert
+    from smc_jax.sampler import Expert
 
     with pytest.raises(InvalidPromptError, match="not valid text"):
         Expert(model=None, prompt="\ud800")
 
 
 def test_sampler_options_are_settings_checked_before_the_experts():
-    from smc_jax.api import EnsembleSampler
+    from smc_jax.sampler import EnsembleSampler
 
     with pytest.raises(TypeError, match="num_particle"):
         EnsembleSampler([], num_particle=3)  # a misspelt option is named, whatever the experts
     with pytest.raises(ValueError, match="num_particles"):
         EnsembleSampler([], settings=DEFAULTS, num_particles=0)
+
+
+@pytest.mark.parametrize("weights", [[1.0], [0.2, 0.3, 0.5]])
+def test_weights_for_another_number_of_experts_are_refused_before_any_model_work(weights):
+    import smc_jax as sj
+    from smc_jax.models.lm import LanguageModel
+
+    model = object.__new__(LanguageModel)  # no config, weights or tokenizer: any model work would fail
+    with pytest.raises(ValueError, match=rf"{len(weights)} weights given for K = 2 experts"):
+        sj.sample([(model, "a"), (model, "b")], "product", weights=weights, level="token")

@@ -52,7 +52,7 @@ import jax.numpy as jnp
 from flax import struct
 from jaxtyping import Array, Bool, Float, Int
 
-from smc_jax.bytes.sumtree import SumTree, build_sum_tree, leaf_logprobs, range_logmass
+from smc_jax.bytes.sumtree import SumTree, build_sum_tree
 from smc_jax.bytes.trie import NO_NODE, ROOT, TokenTrie, child, ending_tokens, next_byte_logmass, node_logmass
 from smc_jax.bytes.vocab import NUM_BYTES
 from smc_jax.models.contexts import NO_CONTEXT

@@ -16,7 +16,7 @@ Contract (checked by the reusable tests in tests/experts_contract.py):
   phi that need not sum to 1 over continuations -- for a 0/1 constraint, 0 where xa can still be
   completed in the language (EOS: where x is in it) and -inf elsewhere, so a row's logsumexp is
   the log of the number of viable symbols. The engine treats every column alike (it multiplies
-  prefix values), and `smc_jax.ensemble.ConstrainedEnsemble` decides how potentials enter f.
+  prefix values), and `smc_jax.smc.ensemble.ConstrainedEnsemble` decides how potentials enter f.
 * `advance(state, symbols, active)` appends `symbols[m]` to particle m where `active[m]`, and
   leaves the other particles unchanged (their symbol is arbitrary, e.g. EOS or padding).
 * `reorder(state, ancestors)` returns the state of particles `ancestors` (resampling).
@@ -61,7 +61,7 @@ class ExpertGroup(Protocol):
 
     The contract is in this module's docstring. `ExpertStack` combines several groups;
     `smc_jax.experts.TableExpert` and `NGramExpert` are toy groups, and language models become
-    groups through `smc_jax.api.EnsembleSampler`.
+    groups through `smc_jax.sampler.EnsembleSampler`.
 
     Attributes
     ----------

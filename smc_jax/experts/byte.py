@@ -17,6 +17,7 @@ need (`prefetch_candidates`), and a step finds those in a cache instead of calli
 from __future__ import annotations
 
 import math
+import weakref
 from typing import NamedTuple
 
 import jax
@@ -45,9 +46,10 @@ from smc_jax.bytes.beam import (
 )
 from smc_jax.bytes.healing import HealPlan, healed_beam, healed_eos, plan_heal, token_logprob, zero_byte_logprob
 from smc_jax.bytes.trie import ROOT, TokenTrie
-from smc_jax.bytes.vocab import NUM_BYTES
+from smc_jax.bytes.vocab import NUM_BYTES, token_byte_strings
 from smc_jax.experts.model_base import ModelExperts
 from smc_jax.models.contexts import NO_CONTEXT, PROMPT_CONTEXT, ContextStore, bucket_sizes, extend_group
+from smc_jax.models.lm import LanguageModel
 
 
 class PrefetchCache(NamedTuple):
@@ -113,7 +115,7 @@ class ByteExperts(ModelExperts):
     # byte), those reached by at least `prefetch_threshold` of a beam's weight, heaviest first, up
     # to `prefetch_slots` per expert. A later step finds them (keyed by parent and token) instead
     # of calling: fewer sequential calls, the same distributions (up to float rounding: a
-    # prefetched context is computed in a batch of another size; docs/byte_level.md).
+    # prefetched context is computed in a batch of another size; docs/bytes.md).
     prefetch_depth: int = struct.field(pytree_node=False, default=0)
     prefetch_width: int = struct.field(pytree_node=False, default=3)
     prefetch_sources: int = struct.field(pytree_node=False, default=32)
@@ -152,7 +154,7 @@ class ByteExperts(ModelExperts):
         """(pool entries, contexts). The worst case: contexts alive at once are the prompt's,
         every slot's, every materialized extension's and those being created; each path holds
         at most max_tokens entries. Real beams share almost all of their paths, so callers
-        usually pass much smaller capacities and grow them on overflow (see `smc_jax.api`)."""
+        usually pass much smaller capacities and grow them on overflow (see `smc_jax.sampler`)."""
         m, c, d = num_particles, self.num_slots, self.trie.max_duplicates
         worst_contexts = 1 + m * c + 2 * m * c * d + self.cache_slots
         num_contexts = self.num_contexts or worst_contexts
@@ -600,3 +602,24 @@ def byte_logprob(experts: ByteExperts, data: bytes) -> ByteLogprob:
         next_logprobs=next_logp,
         healed=int(final.beams.heals[0, 0] - start.beams.heals[0, 0]),
     )
+
+
+_BYTE_VOCABS: "weakref.WeakKeyDictionary[LanguageModel, tuple[TokenTrie, np.ndarray]]" = weakref.WeakKeyDictionary()
+
+
+def byte_vocabulary(model: LanguageModel) -> tuple[TokenTrie, np.ndarray]:
+    """The model's token trie and the mask of ids a byte-level LM may use (byte tokens + EOS).
+
+    Parameters
+    ----------
+    model : LanguageModel
+        A model with its tokenizer.
+    """
+    if model not in _BYTE_VOCABS:
+        if model.tokenizer is None:
+            raise ValueError(f"{model.name} has no tokenizer, so its tokens' bytes are unknown")
+        vocab = token_byte_strings(model.tokenizer.hf, vocab_size=model.config.vocab_size)
+        allowed = np.array([b is not None for b in vocab.byte_strings])
+        allowed[list(model.tokenizer.eos_token_ids)] = True
+        _BYTE_VOCABS[model] = (TokenTrie.build(vocab.byte_strings), allowed)
+    return _BYTE_VOCABS[model]

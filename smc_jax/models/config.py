@@ -391,21 +391,5 @@ class ModelConfig:
         data["sliding_layers"] = tuple(data["sliding_layers"])
         return cls(**data)
 
-    @classmethod
-    def from_hf_config(cls, hf: Mapping[str, Any]) -> ModelConfig:
-        """Build from a Hugging Face config.json dict (transformers v4 or v5 layout)."""
-        from smc_jax.models.config_parsing import from_hf_config
-
-        return from_hf_config(hf)
-
-    @classmethod
-    def from_gguf_metadata(
-        cls, meta: Mapping[str, Any], tensor_shapes: Mapping[str, tuple[int, ...]]
-    ) -> ModelConfig:
-        """Build from GGUF metadata and tensor shapes (see `config_parsing.from_gguf_metadata`)."""
-        from smc_jax.models.config_parsing import from_gguf_metadata
-
-        return from_gguf_metadata(meta, tensor_shapes)
-
 
 ACTIVATIONS = ("silu", "gelu_tanh", "gelu")

@@ -403,7 +403,7 @@ def context_stats(stores: ContextStore) -> dict[str, int]:
 
 class ContextStoreOverflowError(RuntimeError):
     """A context store ran out of room: a run needs larger capacities (no result is wrong; the
-    sampler in `smc_jax.api` catches this type and reruns with grown capacities)."""
+    sampler in `smc_jax.sampler` catches this type and reruns with grown capacities)."""
 
 
 def store_failure(stores: ContextStore) -> ContextStoreOverflowError | None:
@@ -412,6 +412,6 @@ def store_failure(stores: ContextStore) -> ContextStoreOverflowError | None:
         return ContextStoreOverflowError(
             "the context store overflowed: a continuation needed more than max_tokens tokens, or more "
             "contexts or pool entries were alive than its capacity; raise max_length or the store's "
-            "capacities (smc_jax.api grows them automatically)"
+            "capacities (smc_jax.sampler grows them automatically)"
         )
     return None

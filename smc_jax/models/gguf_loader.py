@@ -13,6 +13,7 @@ from typing import Any
 import gguf
 import numpy as np
 
+from smc_jax.models.config_parsing import from_gguf_metadata
 from smc_jax.models.config import ModelConfig
 from smc_jax.models.mapping import CheckpointError, convert, gguf_table
 
@@ -98,6 +99,6 @@ def load_gguf_checkpoint(path: str | Path) -> tuple[ModelConfig, dict[str, np.nd
     for key, name in ROPE_FACTORS.items():
         if name in tensors:
             meta[key] = _dequantize(tensors[name]).tolist()
-    config = ModelConfig.from_gguf_metadata(meta, shapes)
+    config = from_gguf_metadata(meta, shapes)
     source = ((name, shapes[name], lambda t=t: _dequantize(t)) for name, t in tensors.items())
     return config, convert(source, gguf_table(config), config, source=str(path)), meta

@@ -243,3 +243,37 @@ class LanguageModel:
             f"hidden={self.config.hidden_size}, vocab={self.config.vocab_size}, dtype={self.dtype}, "
             f"source={self.source!r})"
         )
+
+
+def prefill_prompts(
+    model: LanguageModel, prompts: Sequence[Prompt] | Sequence[Sequence[int]], max_new_tokens: int, token_ids: bool = False
+):
+    """Prompt caches of K prompts padded to one bucket size, stacked, and their next-token logits
+    (prompts are text or chat messages, or token ids when `token_ids`).
+
+    Parameters
+    ----------
+    model : LanguageModel
+        The model the prompts are read by.
+    prompts : sequence of prompts, or of token id sequences
+        K prompts.
+    max_new_tokens : int
+        Tokens each prompt's continuation may add (sets the bucket).
+    token_ids : bool
+        The prompts are token ids already.
+    """
+    ids = [list(p) for p in prompts] if token_ids else [model.encode_prompt(p) for p in prompts]
+    for i, seq in enumerate(ids):
+        if len(seq) == 0:
+            raise ValueError(f"prompt {i} is empty after tokenization; give it some text")
+        if model.config.learned_positions and len(seq) + max_new_tokens > model.config.max_positions:
+            raise CacheCapacityError(
+                f"prompt {i} ({len(seq)} tokens) plus max_length {max_new_tokens} exceeds the "
+                f"{model.config.max_positions} positions of {model.name}; shorten the prompt or max_length"
+            )
+    size = max(prompt_bucket(len(seq), model.prompt_capacity) for seq in ids)
+    padded = np.zeros((len(ids), size), np.int32)
+    for i, seq in enumerate(ids):
+        padded[i, : len(seq)] = seq
+    lengths = jnp.asarray([len(seq) for seq in ids], jnp.int32)
+    return model.prefill_batch(jnp.asarray(padded), lengths)

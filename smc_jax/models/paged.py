@@ -21,7 +21,7 @@ the narrowest of `transformer.path_widths` that holds it. Every span gives the s
 row's logits never depend on the other rows of its call (masked slots are dropped from the end
 of the attention, whose sums do not depend on the width). The attention compiled inside that
 switch may round differently from the one compiled without it: SmolLM2's runs are the same bits
-either way, Gemma 3's logits move by up to 1e-4 (`benchmarks/bench_path_cut.py`).
+either way, Gemma 3's logits move by up to 1e-4.
 """
 
 from __future__ import annotations
@@ -45,10 +45,6 @@ class KVPool:
     v: Float[Array, "layers entries kv_heads head_dim"]
 
 
-#: Backends on which a call's `span` cuts its path block (`transformer.PagedKeys`). Measured on
-#: CPU (SmolLM2, two prompts, 10 rows each: a call 16-25% faster at paths of up to 16 slots); on
-#: a GPU a switch per layer is unmeasured (rows are nearly free there), so paths stay whole.
-CUT_PATHS_ON = ("cpu",)
 
 
 def paged_decode(
@@ -69,8 +65,6 @@ def paged_decode(
     are read (`transformer.PagedKeys`; the same bits at any span, less work for short paths).
     Returns logits and the new keys/values."""
     rows, slots = paths.shape
-    if jax.default_backend() not in CUT_PATHS_ON:
-        span = None
     q_pos = (prefix.length + depth)[:, None].astype(jnp.int32)
     prompt_pos = jnp.arange(prefix.k.shape[1], dtype=jnp.int32)
     slot = jnp.arange(slots, dtype=jnp.int32)[None]
@@ -111,9 +105,14 @@ class PagedTransformer:
 
     params: Params
     config: ModelConfig = struct.field(pytree_node=False)
-    #: Cut each call's paths to its span where the backend is in CUT_PATHS_ON; False reads them
-    #: whole (a static field, so both can be compiled side by side: `bench_path_cut`).
-    cut_paths: bool = struct.field(pytree_node=False, default=True)
+    #: Read only the first slots of the paths that hold a call's span (the same bits, less work).
+    #: None: on CPU only, where it was measured (a call 16-25% faster with SmolLM2 at paths of up
+    #: to 16 slots); on a GPU rows are nearly free and a switch per layer is unmeasured.
+    cut_paths: bool | None = struct.field(pytree_node=False, default=None)
+
+    @property
+    def cuts_paths(self) -> bool:
+        return jax.default_backend() == "cpu" if self.cut_paths is None else self.cut_paths
 
     @property
     def vocab_size(self) -> int:
@@ -140,7 +139,7 @@ class PagedTransformer:
         span: Int[Array, ""] | None = None,
     ) -> tuple[Float[Array, "rows vocab"], KVPool]:
         written = write_at if tree else None
-        span = span if self.cut_paths else None
+        span = span if self.cuts_paths else None
         logits, k, v = _traced_once(self.params, self.config, prefix, pool, paths, depth, tokens, written, span)
         return logits, KVPool(
             k=pool.k.at[:, write_at].set(k.astype(pool.k.dtype), mode="drop"),

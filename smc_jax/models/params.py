@@ -7,7 +7,7 @@ weights): then a layer's slice of a stacked kernel feeds the matmul directly, wh
 slice would make XLA on CPU copy each layer's weights per call. [out, in] rather than [in, out]
 because XLA:CPU's matmul of a few rows reads it faster: each output is a dot of two contiguous
 vectors (SmolLM2's scanned forward, paired: 0.88x the time at 10 rows, 0.91x at 20, no
-difference shown at 5; 2026-11-26, docs/benchmarks.md).
+difference shown at 5).
 
     embed        [V, D]          token embeddings (also the output head when tied)
     pos_embed    [P, D]          learned positions (GPT-2)
@@ -127,7 +127,7 @@ def is_split(params: Params) -> bool:
 #: Projections of the same input that the split layout holds as one kernel: one matmul (and one
 #: layer switch) instead of three or two, whose output slices are the parts' outputs, bit for bit
 #: (SmolLM2 and Gemma 3 on CPU, float32 and bfloat16). Byte and token SMC runs on CPU take
-#: 0.80-0.92x the time (docs/benchmarks.md, 2026-11-27).
+#: 0.80-0.92x the time.
 FUSED = {"qkv": ("q", "k", "v"), "gate_up": ("gate", "up")}
 
 

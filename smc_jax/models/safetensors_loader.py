@@ -15,6 +15,7 @@ from pathlib import Path
 import ml_dtypes
 import numpy as np
 
+from smc_jax.models.config_parsing import from_hf_config
 from smc_jax.models.config import ModelConfig
 from smc_jax.models.mapping import TensorSource, convert, hf_table
 
@@ -88,7 +89,7 @@ def tensors_in_file(path: Path) -> Iterator[tuple[str, tuple[int, ...], object]]
 def load_hf_checkpoint(directory: str | Path) -> tuple[ModelConfig, dict[str, np.ndarray]]:
     """ModelConfig and flat params (host arrays, checkpoint dtype) from a local HF directory."""
     directory = Path(directory)
-    config = ModelConfig.from_hf_config(read_hf_config(directory))
+    config = from_hf_config(read_hf_config(directory))
 
     def all_tensors() -> TensorSource:
         for path in weight_files(directory):

@@ -52,14 +52,6 @@ F32 = jnp.float32
 # Score of a masked key. Finite, so a query with no visible key (a padding query) gets a uniform,
 # harmless distribution instead of NaN; `where` (not addition) keeps it from overflowing.
 MASK_VALUE = float(jnp.finfo(F32).min)
-#: The layer loop, read at trace time (set it before the first model call: a jitted function
-#: such as the paged decode keeps its first trace). False: a rolled `lax.scan`. True: straight-line
-#: layers, each reading its own weights (or a static slice of them) and a static slice of the
-#: cache. Rolled is faster on CPU (token SMC 3.59 s against 4.03 s, and a third of the warm-up)
-#: and compiles in reasonable time on a GPU, where the straight-line byte-SMC program did not
-#: compile within 4 minutes (H100, 2026-11-27) though the rolled loop copies every layer's weight
-#: and cache slices.
-UNROLL_LAYERS: bool = False
 
 
 class Keys(NamedTuple):
@@ -192,7 +184,7 @@ def _weights_left(x: Array, w: Array) -> Array:
 
     XLA:CPU's YNNPACK copies a dot's right operand into its kernel's tile layout on every call.
     With the weights on the right that copy is most of a small-batch matmul's time
-    (`benchmarks/bench_matmul_forms.py`); with them on the left only the rows are copied. The
+    (measured on SmolLM2's layers at 1-40 rows); with them on the left only the rows are copied. The
     barrier keeps XLA from folding the transpose back into the dot (which swaps the operands
     again)."""
     lead = x.shape[:-1]
@@ -420,16 +412,6 @@ def decoder(
         return x + out, (k, v)
 
     layers, meta = params["layers"], _layer_meta(config)
-    if UNROLL_LAYERS:
-        # No loop: XLA sees every layer's buffers, where a rolled loop on a GPU copies each
-        # layer's weight and cache slices first (~28 copy launches per layer, `gpu_profile_bytes_h100_1127`).
-        outs = []
-        for i in range(config.num_layers):
-            at = lambda tree: jax.tree_util.tree_map(lambda a: a[i], tree)
-            lp = layers[i] if is_split(params) else at(layers)
-            x, kv = layer(x, (lp, at(meta), at(context_kv)))
-            outs.append(kv)
-        return x, jax.tree_util.tree_map(lambda *a: jnp.stack(a), *outs)
     if not is_split(params):
         return jax.lax.scan(layer, x, (layers, meta, context_kv))
     # Per-layer buffers (`params.unstack_layers`): the same scan, over the layer index; each matmul

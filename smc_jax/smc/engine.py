@@ -19,7 +19,7 @@ The total weight is unchanged and every particle's expected offspring weight equ
 so Z_hat stays unbiased. Why: a finished particle's weight stops changing while active ones keep
 gaining per-step factors (below 1 for consensus f), so Alg. 1's resampling copies finished
 strings over active ones -- copies that add no diversity, since a finished string has no future
--- and Z_hat's share of longer strings rests on fewer particles (benchmarks/smc_vs_is_toy.py).
+-- and Z_hat's share of longer strings rests on fewer particles (evaluation/smc_vs_is_toy.py).
 
 At the length limit L the only admissible symbol is EOS: the proposal puts all its mass
 there and the weight gains log psi(EOS | x), so the sampler targets phi restricted to strings of
@@ -48,7 +48,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray
 
-from smc_jax.ensemble import Ensemble
+from smc_jax.smc.ensemble import Ensemble
 from smc_jax.experts.base import ExpertGroup, expert_failure, expert_heal_eos, expert_stats, stack_experts
 from smc_jax.smc import progress as progress_hooks
 from smc_jax.smc.draw import draw_symbols
@@ -403,7 +403,7 @@ class SMC:
         """Steps until every particle is finished (or the length limit), in a lax.while_loop.
 
         `constrain`, when given, is applied to the state after init and after every step (the
-        sharded run pins each array's sharding with it; see `smc_jax.sharding`).
+        sharded run pins each array's sharding with it; see `smc_jax.smc.sharding`).
 
         Parameters
         ----------

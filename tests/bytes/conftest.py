@@ -1,4 +1,4 @@
-"""Session-scoped real tokenizers (the two embedded GGUF models), loaded offline once per run."""
+"""Real tokenizers (the two embedded GGUF models), loaded offline once per run."""
 
 from __future__ import annotations
 

@@ -13,7 +13,7 @@ from smc_jax.bytes.beam import EOS_BYTE, BeamConfig
 from smc_jax.experts.byte import ByteExperts, byte_logprob
 from smc_jax.bytes.trie import TokenTrie
 from smc_jax.experts.toy import NGramTokenLM
-from tests.expert_contract import check_expert_group
+from tests.helpers.expert_contract import check_expert_group
 
 # Ambiguous vocabulary: "aba" = a|b|a = ab|a = a|ba = aba. Id 5 is EOS (no bytes).
 VOCAB = [b"a", b"b", b"ab", b"ba", b"aba", None]
@@ -139,7 +139,7 @@ def test_byte_smc_is_unbiased_for_the_exact_byte_ensemble(f):
     """Two prompts of a toy token LM as byte-level experts (unpruned beams): Z-hat is unbiased
     for Z = sum over byte strings of length <= L of f(p_1(x), p_2(x)) (the forced EOS at L
     targets phi restricted to those strings), p_k by exact recursion over tokenizations."""
-    from smc_jax.ensemble import make_ensemble
+    from smc_jax.smc.ensemble import make_ensemble
     from smc_jax.smc import SMC, run_batch
 
     prompts = ((1,), (2, 0))
@@ -192,7 +192,7 @@ def test_prompt_read_as_bytes_sums_over_its_tokenizations():
 def test_precomputed_start_state_changes_nothing_but_the_calls():
     """`with_start_state`: a run from the precomputed prompt state is the run that reads the
     prompt itself (same key, same particles and weights), and counts only its own model calls."""
-    from smc_jax.ensemble import make_ensemble
+    from smc_jax.smc.ensemble import make_ensemble
     from smc_jax.models.contexts import context_stats
     from smc_jax.smc import SMC
     from smc_jax.smc.engine import run_jitted

@@ -107,7 +107,7 @@ def test_forced_eos_does_not_kill_particles_with_healing():
     """Byte SMC, product of two prompts, pruned beams, forced EOS at the limit: without
     healing, particles whose beams lost every token boundary get weight 0 at the forced EOS;
     with it, none does (every string here has a tokenization that ends it)."""
-    from smc_jax.ensemble import make_ensemble
+    from smc_jax.smc.ensemble import make_ensemble
     from smc_jax.smc import SMC, run_batch
 
     keys = jax.random.split(jax.random.key(0), 64)

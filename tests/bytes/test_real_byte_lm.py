@@ -14,7 +14,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from smc_jax.api import byte_vocabulary, logprob
+from smc_jax.experts.byte import byte_vocabulary
+from smc_jax.sampler import logprob
 from smc_jax.bytes.vocab import token_byte_strings
 from smc_jax.models import load_model
 

@@ -1,4 +1,4 @@
-"""Fixtures for the model-port tests: tiny random HF checkpoints, built once per session."""
+"""Fixtures for the model-port tests: tiny random HF checkpoints, built once per test run."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import tiny_checkpoints
+from tests.helpers import tiny_checkpoints
 
 
 @pytest.fixture(scope="session")
@@ -16,7 +16,7 @@ def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def tiny(tiny_dir: Path) -> Any:
-    """tiny(arch) -> (checkpoint directory, torch reference model), cached per session."""
+    """tiny(arch) -> (checkpoint directory, torch reference model), cached per test run."""
     built: dict[str, tuple[Path, Any]] = {}
 
     def get(arch: str) -> tuple[Path, Any]:

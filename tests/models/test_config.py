@@ -6,14 +6,15 @@ import dataclasses
 
 import numpy as np
 import pytest
-import tiny_checkpoints as tc
+from tests.helpers import tiny_checkpoints as tc
 
+from smc_jax.models.config_parsing import from_hf_config
 from smc_jax.models import ModelConfig, RopeConfig
 
 
 @pytest.mark.parametrize("arch", tc.ARCHITECTURES)
 def test_round_trip_and_hashable(arch):
-    config = ModelConfig.from_hf_config(tc.hf_config(arch).to_dict())
+    config = from_hf_config(tc.hf_config(arch).to_dict())
     assert ModelConfig.from_dict(config.to_dict()) == config
     assert hash(config) == hash(ModelConfig.from_dict(config.to_dict()))
 
@@ -24,7 +25,7 @@ def test_rope_frequencies_match_transformers(arch):
     import transformers as tf
 
     hf = tc.hf_config(arch)
-    config = ModelConfig.from_hf_config(hf.to_dict())
+    config = from_hf_config(hf.to_dict())
     model = tf.AutoModelForCausalLM.from_config(hf)
     rotary = model.model.rotary_emb
     table = config.layer_inv_freq()
@@ -43,7 +44,7 @@ def test_gemma3_v4_config_and_multimodal_wrapper():
         "rope_theta": 1e6, "rope_local_base_freq": 1e4, "rope_scaling": {"rope_type": "linear", "factor": 8.0},
         "sliding_window": 16, "sliding_window_pattern": 6, "query_pre_attn_scalar": 168,
     }
-    config = ModelConfig.from_hf_config({"model_type": "gemma3", "text_config": text})
+    config = from_hf_config({"model_type": "gemma3", "text_config": text})
     assert config.sliding_layers == tuple((i + 1) % 6 != 0 for i in range(12))
     assert config.rope == RopeConfig(theta=1e6, scaling="linear", factor=8.0)
     assert config.rope_local == RopeConfig(theta=1e4)
@@ -52,7 +53,7 @@ def test_gemma3_v4_config_and_multimodal_wrapper():
 
 
 def test_invalid_configs_are_rejected():
-    config = ModelConfig.from_hf_config(tc.hf_config("qwen2").to_dict())
+    config = from_hf_config(tc.hf_config("qwen2").to_dict())
     with pytest.raises(ValueError, match="sliding layers need a sliding_window"):
         dataclasses.replace(config, sliding_layers=(True, False))
     with pytest.raises(ValueError, match="not a multiple"):

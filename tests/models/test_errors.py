@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
+from smc_jax.models.config_parsing import from_gguf_metadata
 from smc_jax.models import (
     CacheCapacityError,
     CheckpointError,
@@ -164,7 +165,6 @@ def test_model_without_tokenizer_or_chat_template(tiny):
 
 
 def test_unsupported_gguf_architecture_names_the_supported_ones():
-    from smc_jax.models import ModelConfig
 
     with pytest.raises(UnsupportedArchitectureError, match="GGUF architecture 'deepseek2'.*qwen3.*gemma2.*olmo2"):
-        ModelConfig.from_gguf_metadata({"general.architecture": "deepseek2"}, {})
+        from_gguf_metadata({"general.architecture": "deepseek2"}, {})

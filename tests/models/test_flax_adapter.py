@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-import tiny_checkpoints as tc
+from tests.helpers import tiny_checkpoints as tc
 from flax import nnx
 
 import smc_jax

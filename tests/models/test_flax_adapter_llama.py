@@ -6,11 +6,11 @@ log-probs; token- and byte-level SMC runs give the same samples and log Z-hat as
 
 from __future__ import annotations
 
-import flax_llama_reference as ref
+from tests.helpers import flax_llama_reference as ref
 import jax
 import numpy as np
 import pytest
-import tiny_checkpoints as tc
+from tests.helpers import tiny_checkpoints as tc
 
 import smc_jax
 from smc_jax.models import load_model

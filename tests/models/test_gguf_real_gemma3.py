@@ -1,8 +1,8 @@
 """gemma3-270m (embedded GGUF) against transformers' GGUF loading: see real_model_checks."""
 
 import pytest
-from real_model_checks import *  # noqa: F403  (the shared checks become this module's tests)
-from real_model_checks import MARKS, load_pair
+from tests.helpers.real_model_checks import *  # noqa: F403  (the shared checks become this module's tests)
+from tests.helpers.real_model_checks import MARKS, load_pair
 
 pytestmark = MARKS
 

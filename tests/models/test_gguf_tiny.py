@@ -9,7 +9,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 import pytest
-import tiny_checkpoints as tc
+from tests.helpers import tiny_checkpoints as tc
 
 from smc_jax.models.gguf_loader import load_gguf_checkpoint
 from smc_jax.models.lm import forward

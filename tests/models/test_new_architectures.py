@@ -20,8 +20,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-import tiny_checkpoints as tc
+from tests.helpers import tiny_checkpoints as tc
 
+from smc_jax.models.config_parsing import from_hf_config
 import smc_jax
 from smc_jax.models import KVCache, ModelConfig, load_model, lm
 from smc_jax.models.lm import forward as jit_forward
@@ -73,7 +74,7 @@ def test_distinguishing_options_change_the_logits(arch, tiny):
 
 def test_parsed_options(tiny):
     """What each tiny config turns into: windows, layer kinds, norms and scalings."""
-    parse = lambda arch: ModelConfig.from_hf_config(tc.hf_config(arch).to_dict())  # noqa: E731
+    parse = lambda arch: from_hf_config(tc.hf_config(arch).to_dict())  # noqa: E731
     mistral, gemma2, olmo2, qwen3, phi = (parse(a) for a in ("mistral", "gemma2", "olmo2", "qwen3", "phi3_longrope"))
     assert mistral.sliding_layers == (True, True) and mistral.sliding_window == tc.GEMMA_WINDOW < SEQ
     assert gemma2.sliding_layers == (True, False) and gemma2.attn_softcap == 2.0 and gemma2.final_softcap == 8.0
@@ -91,7 +92,7 @@ def test_scaled_rope_matches_transformers(arch):
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
     hf = tc.hf_config(arch)
-    config = ModelConfig.from_hf_config(hf.to_dict())
+    config = from_hf_config(hf.to_dict())
     kind = config.rope.scaling
     short, factor = ROPE_INIT_FUNCTIONS[kind](hf)
     np.testing.assert_allclose(config.layer_inv_freq()[0], short.numpy(), rtol=1e-6)
@@ -191,7 +192,7 @@ def test_byte_level_lm_on_a_new_architecture(with_tokenizer):
     counted, so `complete` (then EOS) is the sum of P(u) P(EOS | u)."""
     model = with_tokenizer["qwen3"]
     text, prompt = b" ab", "ab"
-    _, allowed = smc_jax.api.byte_vocabulary(model)
+    _, allowed = smc_jax.experts.byte.byte_vocabulary(model)
     from smc_jax.bytes.vocab import token_byte_strings
 
     pieces = token_byte_strings(model.tokenizer.hf, vocab_size=model.config.vocab_size).byte_strings

@@ -8,7 +8,7 @@ import pytest
 from smc_jax.models import load_model
 from smc_jax.models.paged import PagedTransformer
 
-from tiny_checkpoints import ARCHITECTURES
+from tests.helpers.tiny_checkpoints import ARCHITECTURES
 
 
 @pytest.mark.parametrize("arch", ARCHITECTURES)
@@ -169,33 +169,30 @@ def test_paths_cut_to_the_span_give_the_same_bits(tiny, arch, tree):
         assert f"{rows}x{width}x{kv.replace(',', 'x').rstrip(']')}" in cut.replace(",", "x"), width
 
 
-def test_token_smc_with_cut_paths_is_the_same_run(tiny, monkeypatch):
+def test_token_smc_with_cut_paths_is_the_same_run(tiny):
     """A whole token-SMC run over a tiny transformer (paths of 20 slots: widths 8, 16, 20, all
     used as the particles grow) gives the same samples, weights and log Z-hat, bit for bit, as
-    the run that reads every path whole."""
-    from smc_jax.ensemble import make_ensemble
+    the run that reads every path whole (`PagedTransformer.cut_paths`)."""
+    from smc_jax.smc.ensemble import make_ensemble
     from smc_jax.experts.token import TokenExperts
-    from smc_jax.models import transformer
     from smc_jax.smc import SMC
 
     path, _ = tiny("llama")
     model = load_model(path)
     prefixes, logits = zip(*[model.prefill(p) for p in ([5, 6, 7], [8, 9])])
-    experts = TokenExperts(model=PagedTransformer(params=model.params, config=model.config),
-                           prefixes=jax.tree.map(lambda *x: jnp.stack(x), *prefixes), prompt_logits=jnp.stack(logits),
-                           eos_ids=(model.config.vocab_size - 1,), max_tokens=20)
     smc = SMC(num_particles=6, max_length=20, ess_threshold=0.7, at_max_length="truncate")
 
-    def run():
-        jax.clear_caches()  # the path widths are read at trace time
+    def run(cut_paths):
+        paged = PagedTransformer(params=model.params, config=model.config, cut_paths=cut_paths)
+        assert paged.cuts_paths == cut_paths
+        experts = TokenExperts(model=paged, prefixes=jax.tree.map(lambda *x: jnp.stack(x), *prefixes),
+                               prompt_logits=jnp.stack(logits), eos_ids=(model.config.vocab_size - 1,), max_tokens=20)
         result = smc(jax.random.key(4), experts, make_ensemble("product", 2))
         return [list(map(list, result.sequences)), np.asarray(result.log_weights), np.asarray(result.log_Z)]
 
-    cut = run()
+    cut = run(True)
     assert max(len(s) for s in cut[0]) > 16  # the run reached the last width
-    monkeypatch.setattr(transformer, "path_widths", lambda slots: (slots,))
-    whole = run()
+    whole = run(False)
     assert cut[0] == whole[0]
     np.testing.assert_array_equal(cut[1], whole[1])
     np.testing.assert_array_equal(cut[2], whole[2])
-

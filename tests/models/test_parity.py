@@ -14,11 +14,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-import tiny_checkpoints as tc
+from tests.helpers import tiny_checkpoints as tc
 
 from smc_jax.models import KVCache, load_model, lm, transformer
 from smc_jax.models.lm import forward as jit_forward
-from smc_jax.models.params import to_device, unstack_layers
+from smc_jax.models.params import to_device
 from smc_jax.models.safetensors_loader import load_hf_checkpoint
 
 ATOL = 1e-5
@@ -45,29 +45,6 @@ def test_forward_matches_transformers(arch, tiny):
     got = jit_forward(params, config, *_full(tokens))
     assert got.dtype == jnp.float32
     np.testing.assert_allclose(np.asarray(got), expected, atol=ATOL, rtol=0)
-
-
-@pytest.mark.parametrize("split", [False, True])
-def test_straight_line_layers_match_the_rolled_loop(tiny, monkeypatch, split):
-    """`transformer.UNROLL_LAYERS` (read at trace time) runs the layers straight-line: no while
-    loop or layer switch is left in the program, and the logits are the rolled loop's, for
-    stacked and split weights."""
-    directory, _ = tiny("llama")
-    config, params = _load(directory)
-    if split:
-        params = unstack_layers(params)
-    tokens = _full(np.random.default_rng(2).integers(0, tc.VOCAB, size=(ROWS, SEQ)))
-
-    def run(unroll):  # a new jit each time, so the knob's value is traced
-        monkeypatch.setattr(transformer, "UNROLL_LAYERS", unroll)
-        jitted = jax.jit(lambda p, *t: transformer.forward(p, config, *t))
-        return np.asarray(jitted(params, *tokens)), jitted.lower(params, *tokens).as_text()
-
-    rolled, rolled_text = run(False)
-    unrolled, unrolled_text = run(True)
-    assert "while" in rolled_text and "while" not in unrolled_text
-    assert ("case" in rolled_text) == split and "case" not in unrolled_text
-    np.testing.assert_allclose(unrolled, rolled, atol=ATOL, rtol=0)
 
 
 def test_gemma3_window_is_exercised(tiny):
