@@ -23,8 +23,6 @@ from smc_jax.smc.ensemble import NAMED_TAUS, make_ensemble
 from smc_jax.models.tokenizer import check_prompt
 from smc_jax.settings import DEFAULTS, LEVELS, SamplerSettings
 
-#: Folder of XLA's compiled programs under the cache root (`keep_compiled_programs`).
-XLA_CACHE_SUBDIR = "xla"
 
 DEFAULT_EXPERTS = (
     ("smollm2-135m-instruct", "My favorite physicist is"),
@@ -46,19 +44,32 @@ def _f_value(text: str) -> str | float:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The argument parser of `smc-jax` (subcommands `sample` and `models`)."""
+    """The argument parser of `smc-jax` (subcommands `sample`, `precompile` and `models`)."""
     parser = argparse.ArgumentParser(
         prog="smc-jax",
         description="Sample strings from the global f-ensemble of language models with SMC (JAX).",
     )
     sub = parser.add_subparsers(dest="command", required=True)
-
-    s = sub.add_parser(
+    _add_sample_options(sub.add_parser(
         "sample",
         help="draw weighted samples from an f-ensemble",
         description="Draw M weighted particles from Phi(x) ∝ f(p_1(x), ..., p_K(x)) and print them with log Z-hat.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-    )
+    ))
+    _add_sample_options(sub.add_parser(
+        "precompile",
+        help="compile the programs of `sample` (same options) once and keep them on disk",
+        description="Run the job of `smc-jax sample` with these options once, so that its compiled programs are "
+        "kept in the persistent cache ($SMC_JAX_CACHE_DIR/xla): a later `sample` with the same options loads "
+        "them instead of compiling. Run it once per machine or image build.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    ))
+    sub.add_parser("models", help="list the built-in model names")
+    return parser
+
+
+def _add_sample_options(s: argparse.ArgumentParser) -> None:
+    """The options of a sampling job (shared by `sample` and `precompile`)."""
     s.add_argument(
         "-e", "--expert", nargs=2, action="append", metavar=("MODEL", "PROMPT"),
         help="an expert: a model (built-in name, local HF directory, .gguf file or hub id) and its prompt; "
@@ -100,9 +111,6 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--json", action="store_true", help="print the result as JSON instead of a table")
     s.add_argument("--plot", type=Path, help="save a plot of weights, ESS and particle ancestry to this PNG file")
     s.add_argument("--top", type=int, default=TABLE_ROWS, help="rows of the table (distinct strings)")
-
-    sub.add_parser("models", help="list the built-in model names")
-    return parser
 
 
 def _short(text: str, width: int = TEXT_WIDTH) -> str:
@@ -184,17 +192,6 @@ def _compile_constraints(args: argparse.Namespace) -> list:
     return out
 
 
-def keep_compiled_programs() -> None:
-    """XLA's compiled programs persist in `$SMC_JAX_CACHE_DIR/xla` (default
-    ~/.cache/smc_jax/xla; none with SMC_JAX_NO_CACHE=1), beside the converted checkpoints: the
-    next `sample` with the same shapes skips most of its compilation."""
-    from smc_jax.models.weights_cache import cache_enabled, cache_root
-    from smc_jax.utils.compilation import use_persistent_cache
-
-    if cache_enabled():
-        use_persistent_cache(cache_root() / XLA_CACHE_SUBDIR)
-
-
 def run_sample(args: argparse.Namespace) -> int:
     """Runs `smc-jax sample` and prints its table (or JSON); returns the exit status.
 
@@ -203,6 +200,44 @@ def run_sample(args: argparse.Namespace) -> int:
     args : argparse.Namespace
         The parsed arguments of `sample`.
     """
+    result, pairs, elapsed = _sample(args)
+    if args.plot:
+        from smc_jax.plots import plot_run
+
+        plot_run(result, args.plot, title=f"{args.level} {args.f}-ensemble of {len(pairs)} experts")
+    if args.json:
+        print(json.dumps(_as_json(result, pairs, args, elapsed), indent=2))
+    else:
+        _print_table(result, pairs, args, elapsed)
+    return 0
+
+
+def run_precompile(args: argparse.Namespace) -> int:
+    """Runs `smc-jax precompile`: the job of `sample` with the same options, once, so that its
+    compiled programs are kept in the persistent cache; prints what was compiled and where.
+
+    Parameters
+    ----------
+    args : argparse.Namespace
+        The parsed arguments of `precompile` (those of `sample`).
+    """
+    import jax
+
+    from smc_jax.models.weights_cache import cache_enabled, keep_compiled_programs
+    from smc_jax.utils.compilation import count_compilations
+
+    if not cache_enabled():
+        raise ValueError("precompile keeps programs in the persistent cache, which SMC_JAX_NO_CACHE=1 turns off; unset it")
+    keep_compiled_programs()
+    with count_compilations() as compiled:
+        _, _, elapsed = _sample(args)
+    print(f"compiled {compiled.count} programs ({compiled.seconds:.1f} s of compilation, {elapsed:.1f} s in all), "
+          f"kept in {jax.config.jax_compilation_cache_dir}: `smc-jax sample` with the same options loads them")
+    return 0
+
+
+def _sample(args: argparse.Namespace) -> tuple[Any, list[tuple[str, str]], float]:
+    """The sampling job of `sample` / `precompile`: (result, (model, prompt) pairs, seconds)."""
     from tqdm.auto import tqdm
 
     from smc_jax.sampler import EnsembleSampler, Expert
@@ -210,7 +245,6 @@ def run_sample(args: argparse.Namespace) -> int:
 
     pairs, settings = validate(args)
     constraints = _compile_constraints(args)  # bad patterns fail here, before any model loads
-    keep_compiled_programs()
     with tqdm(total=len({m for m, _ in pairs}), unit="model", file=sys.stderr, disable=args.json) as bar:
         models = _load_models([m for m, _ in pairs], bar, **precision_of(args))
     experts = tuple(
@@ -228,17 +262,7 @@ def run_sample(args: argparse.Namespace) -> int:
         with report_progress(on_step):
             result = sampler(args.seed)
         bar.update(bar.total - bar.n)
-    elapsed = time.perf_counter() - start
-
-    if args.plot:
-        from smc_jax.plots import plot_run
-
-        plot_run(result, args.plot, title=f"{args.level} {args.f}-ensemble of {len(experts)} experts")
-    if args.json:
-        print(json.dumps(_as_json(result, pairs, args, elapsed), indent=2))
-    else:
-        _print_table(result, pairs, args, elapsed)
-    return 0
+    return result, pairs, time.perf_counter() - start
 
 
 def _as_json(result, pairs, args, elapsed: float) -> dict:
@@ -304,7 +328,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("also: a local Hugging Face directory, a .gguf file, or a hub id (when the hub is reachable)")
         return 0
     try:
-        return run_sample(args)
+        return (run_precompile if args.command == "precompile" else run_sample)(args)
     except (ValueError, ImportError, FileNotFoundError, RuntimeError) as err:
         # Bad input (unknown model, prompt too long, bad f or weights, every particle at zero
         # weight, ...): the library's message says what to do; no stack trace.

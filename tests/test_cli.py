@@ -9,24 +9,15 @@ import sys
 
 import pytest
 
-from smc_jax import cli
 from smc_jax.cli import _short, main
-
-
-@pytest.fixture(autouse=True)
-def _no_persistent_cache(monkeypatch):
-    """In-process runs leave JAX's global cache setting alone (a cache hit would hide the
-    compilations other tests count); `test_compiled_programs_persist_across_processes` checks it."""
-    monkeypatch.setattr(cli, "keep_compiled_programs", lambda: None)
 
 
 _PROCESS = """
 import collections
 import jax, jax.numpy as jnp, numpy as np
-from smc_jax.cli import keep_compiled_programs
 events = collections.Counter()
 jax.monitoring.register_event_listener(lambda event, **_: events.update([event.rsplit("/", 1)[-1]]))
-keep_compiled_programs()
+import smc_jax  # the library's default: compiled programs persist
 jax.jit(lambda x: jnp.sin(x) * 3 + jnp.cos(x))(np.arange(7, dtype=np.float32)).block_until_ready()
 print(events["cache_misses"], events["cache_hits"], jax.config.jax_compilation_cache_dir)
 """
@@ -51,6 +42,49 @@ def test_compiled_programs_persist_across_processes(tmp_path):
     assert _process({**env, "SMC_JAX_NO_CACHE": "1"}) == (0, 0, "None")
     own = tmp_path / "own"
     assert _process({**env, "JAX_COMPILATION_CACHE_DIR": str(own)}) == (1, 0, str(own)) and any(own.iterdir())
+
+
+_CLI_PROCESS = """
+import collections, sys
+import jax
+events = collections.Counter()
+jax.monitoring.register_event_listener(lambda event, **_: events.update([event.rsplit("/", 1)[-1]]))
+from smc_jax.cli import main
+status = main(sys.argv[1:])
+print("persistent cache:", events["cache_misses"], events["cache_hits"], file=sys.stderr)
+sys.exit(status)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.real_model
+def test_precompile_then_sample_with_its_progress_bar_compiles_nothing(tmp_path):
+    """`smc-jax precompile` keeps every program that `smc-jax sample` (same options, progress bar
+    on, as a user runs it) needs: the sampling process loads them all from the persistent cache.
+    Neither has a host call inside a program (such a program is never cached)."""
+    from smc_jax.models.weights_cache import cache_root
+
+    for converted in cache_root().glob("*-*"):  # models converted already need not be again
+        (tmp_path / converted.name).symlink_to(converted)
+    base = {k: v for k, v in os.environ.items() if k not in ("JAX_COMPILATION_CACHE_DIR", "SMC_JAX_NO_CACHE")}
+    env = {**base, "JAX_PLATFORMS": "cpu", "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+           "SMC_JAX_CACHE_DIR": str(tmp_path)}
+    options = ["-e", "smollm2-135m-instruct", "My favorite physicist is",
+               "-e", "smollm2-135m-instruct", "My favorite author is", "--level", "token", "-M", "4",
+               "--max-length", "3", "--seed", "1"]
+
+    def run(command: str) -> tuple[int, int, str]:
+        out = subprocess.run([sys.executable, "-c", _CLI_PROCESS, command, *options], env=env, capture_output=True,
+                             text=True, check=True)
+        assert "sampling (" in out.stderr  # the progress bar reported steps
+        misses, hits = out.stderr.strip().splitlines()[-1].split(":")[1].split()
+        return int(misses), int(hits), out.stdout
+
+    misses, _, out = run("precompile")
+    assert misses > 0 and f"kept in {tmp_path / 'xla'}" in out
+    misses, hits, out = run("sample")
+    assert (misses, hits > 0) == (0, True)
+    assert "log Z-hat:" in out
 
 
 def test_models_lists_the_embedded_models(capsys):

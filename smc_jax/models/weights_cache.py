@@ -30,6 +30,7 @@ import safetensors.numpy
 
 from smc_jax.models.config import ModelConfig
 from smc_jax.models.safetensors_loader import tensors_in_file
+from smc_jax.utils.compilation import use_persistent_cache
 
 CACHE_DIR_ENV = "SMC_JAX_CACHE_DIR"
 NO_CACHE_ENV = "SMC_JAX_NO_CACHE"
@@ -58,6 +59,24 @@ def cache_enabled() -> bool:
 
 def cache_root() -> Path:
     return Path(os.environ.get(CACHE_DIR_ENV, DEFAULT_CACHE_DIR)).expanduser()
+
+
+#: Where the compiled programs are kept, under `cache_root()`.
+XLA_CACHE_SUBDIR = "xla"
+
+
+def keep_compiled_programs() -> bool:
+    """XLA's compiled programs persist in `$SMC_JAX_CACHE_DIR/xla` (default
+    ~/.cache/smc_jax/xla; none with SMC_JAX_NO_CACHE=1), beside the converted checkpoints: a new
+    process that builds a program of the same shapes and settings loads it instead of compiling
+    it. `import smc_jax` calls this; a cache directory the user chose is left alone.
+
+    Returns
+    -------
+    bool
+        Whether the cache directory was set here.
+    """
+    return cache_enabled() and use_persistent_cache(cache_root() / XLA_CACHE_SUBDIR)
 
 
 # The modules whose code determines a conversion's result.

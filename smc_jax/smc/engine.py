@@ -94,7 +94,9 @@ class SMC:
     at_max_length : {"eos", "truncate"}
         Force EOS at L with its weight factor, or stop there without it.
     progress : bool
-        Show a progress bar of the steps.
+        Report each step to `smc_jax.smc.progress` listeners: the loop runs one step per
+        dispatch and reads the step counter between them (no host call inside the program,
+        which stays cacheable).
     resample_finished : bool
         True: resample all particles (Alg. 1); False: only the active ones.
     """
@@ -105,7 +107,7 @@ class SMC:
     resampler: str = "multinomial"
     method: Method = "smc"
     at_max_length: AtMaxLength = "eos"
-    progress: bool = False  # report each step to `smc_jax.smc.progress` listeners (a host call)
+    progress: bool = False  # report each step to `smc_jax.smc.progress` listeners (see above)
     resample_finished: bool = True  # Alg. 1; False: resample only the active particles (see above)
 
     def __post_init__(self):
@@ -232,8 +234,6 @@ class SMC:
         moved = self.reweight(state, experts, logp, proposal)
         ess = effective_sample_size(moved.log_weights)
         resampled, ancestors, moved, pre_resample_log_weights = self.resample(key_resample, moved, experts, ess)
-        if self.progress:
-            jax.debug.callback(progress_hooks._on_step, state.step, jnp.sum(~moved.done))
         trace = self.record(state, ess=ess, resampled=resampled, ancestors=ancestors,
                             log_weights=pre_resample_log_weights)
         return moved._replace(key=key, step=state.step + 1, trace=trace)
@@ -423,13 +423,43 @@ class SMC:
         """
         constrain = constrain or (lambda s: s)
         state = constrain(self.init(key, experts, ensemble))
+        return finish(self.advance(state, experts, ensemble, self.num_steps, constrain))
+
+    def advance(
+        self,
+        state: SMCState,
+        experts: ExpertGroup,
+        ensemble: Ensemble,
+        stop: int | Int[Array, ""],
+        constrain: Callable[[SMCState], SMCState] | None = None,
+    ) -> SMCState:
+        """Steps until step `stop` (at most the length limit) or until every particle is
+        finished, in a lax.while_loop; `stop` may be traced, so one program serves every chunk.
+
+        Parameters
+        ----------
+        state : SMCState
+            The particles.
+        experts : ExpertGroup
+            The K experts.
+        ensemble : Ensemble
+            The f-ensemble.
+        stop : int or jax.Array
+            The step index to stop at.
+        constrain : callable, optional
+            SMCState -> SMCState, applied after every step.
+
+        Returns
+        -------
+        SMCState
+        """
+        constrain = constrain or (lambda s: s)
+        stop = jnp.minimum(jnp.asarray(stop, jnp.int32), self.num_steps)
 
         def cond(s: SMCState):
-            return (s.step < self.num_steps) & jnp.any(~s.done)
+            return (s.step < stop) & jnp.any(~s.done)
 
-        state = jax.lax.while_loop(cond, lambda s: constrain(self.step(s, experts, ensemble)), state)
-        # Particles still extending when the limit is reached (truncate mode) stop unfinished.
-        return state._replace(done=jnp.ones_like(state.done))
+        return jax.lax.while_loop(cond, lambda s: constrain(self.step(s, experts, ensemble)), state)
 
     # ---------------------------------------------------------------- convenience
 
@@ -472,8 +502,26 @@ class SMC:
             raise ValueError(
                 f"the ensemble is for {ensemble.num_experts} experts, but {experts.num_experts} were given"
             )
-        state = (run_jitted if jit else _run)(self, key, experts, ensemble)
+        state = self._dispatched(key, experts, ensemble) if jit else _run(self, key, experts, ensemble)
         return self.result(state, experts, decode=decode, allow_zero_weight=allow_zero_weight)
+
+    def _dispatched(self, key: PRNGKeyArray, experts: ExpertGroup, ensemble: Ensemble) -> SMCState:
+        """`run` as three jitted programs (init, advance, finish) that serve both settings of
+        `progress`: without it, one `advance` runs the whole loop; with it, each dispatch of
+        `advance` runs one step and the step is reported to the listeners (a host sync between
+        steps, none inside one). The same steps and results either way."""
+        quiet = dataclasses.replace(self, progress=False)
+        state = _init_jitted(quiet, key, experts, ensemble)
+        if not self.progress:
+            return _finish_jitted(_advance_jitted(quiet, state, experts, ensemble, jnp.int32(self.num_steps)))
+        step = 0
+        while step < self.num_steps:
+            state = _advance_jitted(quiet, state, experts, ensemble, jnp.int32(step + 1))
+            step, active = int(state.step), int(jnp.sum(~state.done))
+            progress_hooks.report(step - 1, active)
+            if active == 0:
+                break
+        return _finish_jitted(state)
 
     def result(
         self,
@@ -512,8 +560,28 @@ class SMC:
         return result
 
 
+def finish(state: SMCState) -> SMCState:
+    """The state after the last step: particles still extending at the limit (truncate mode)
+    stop unfinished."""
+    return state._replace(done=jnp.ones_like(state.done))
+
+
 def _run(smc: SMC, key: PRNGKeyArray, experts: ExpertGroup, ensemble: Ensemble) -> SMCState:
     return smc.run(key, experts, ensemble)
+
+
+def _init(smc: SMC, key: PRNGKeyArray, experts: ExpertGroup, ensemble: Ensemble) -> SMCState:
+    return smc.init(key, experts, ensemble)
+
+
+def _advance(smc: SMC, state: SMCState, experts: ExpertGroup, ensemble: Ensemble, stop: Int[Array, ""]) -> SMCState:
+    return smc.advance(state, experts, ensemble, stop)
+
+
+_init_jitted = jax.jit(_init, static_argnums=0)
+# The state is donated: a chunk updates the particles (and the experts' caches) in place.
+_advance_jitted = jax.jit(_advance, static_argnums=0, donate_argnums=1)
+_finish_jitted = jax.jit(finish)
 
 
 run_jitted = jax.jit(_run, static_argnums=0)

@@ -1,8 +1,9 @@
-"""Optional per-step progress reports from inside the jitted sampling loop.
+"""Optional per-step progress reports between the steps of the sampling loop.
 
-With `SMC(progress=True)` each step calls back to the host (`jax.debug.callback`) with the step
-index and the number of particles still extending; the callback forwards to the listener set by
-`report_progress`. Off by default: library calls and benchmarks make no host call inside a step.
+With `SMC(progress=True)` the loop runs one step per dispatch and, between dispatches, tells the
+listeners set by `report_progress` the step index and the number of particles still extending.
+No host call is compiled into the program (so it stays in the persistent compilation cache);
+off by default, the whole loop is one dispatch.
 """
 
 from __future__ import annotations
@@ -10,12 +11,19 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterator
 
-import numpy as np
-
 _listeners: list[Callable[[int, int], None]] = []
 
 
-def _on_step(step: np.ndarray, num_active: np.ndarray) -> None:
+def report(step: int, num_active: int) -> None:
+    """Tells every listener that step `step` is done with `num_active` particles extending.
+
+    Parameters
+    ----------
+    step : int
+        The index of the step just done.
+    num_active : int
+        Particles still extending after it.
+    """
     for listener in list(_listeners):
         listener(int(step), int(num_active))
 

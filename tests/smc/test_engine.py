@@ -64,6 +64,34 @@ def test_step_parts_compose_to_the_jitted_run(overlapping_tables):
     chex.assert_trees_all_close(got._replace(key=None), want._replace(key=None), rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.parametrize("at_max_length", ["eos", "truncate"])
+def test_progress_reports_every_step_with_the_same_result_and_no_host_call(ngram_experts, at_max_length):
+    """progress=True runs one step per dispatch and reports each: the same particles, weights
+    and log Z-hat as the single-dispatch run, bit for bit, and no host callback in any program
+    (a program with one is never kept in the persistent compilation cache)."""
+    from smc_jax.smc import engine
+    from smc_jax.smc.progress import report_progress
+
+    ens = make_ensemble("product", 2, [0.3, 0.7])
+    quiet = SMC(num_particles=12, max_length=6, ess_threshold=0.8, at_max_length=at_max_length)
+    loud = SMC(num_particles=12, max_length=6, ess_threshold=0.8, at_max_length=at_max_length, progress=True)
+    want = quiet(jax.random.key(7), ngram_experts, ens)
+    seen = []
+    with report_progress(lambda step, active: seen.append((step, active))):
+        got = loud(jax.random.key(7), ngram_experts, ens)
+    np.testing.assert_array_equal(got.symbols, want.symbols)
+    np.testing.assert_array_equal(got.log_weights, want.log_weights)
+    np.testing.assert_array_equal(got.resampled, want.resampled)
+    assert got.log_Z == want.log_Z
+    assert [step for step, _ in seen] == list(range(got.stats["steps"]))
+    assert [active for _, active in seen] == list(np.asarray(got.num_active[1:len(seen)])) + [seen[-1][1]]
+    experts = ExpertStack(groups=ngram_experts)
+    state = engine._init_jitted(quiet, jax.random.key(7), experts, ens)
+    for program, args in [(engine._advance_jitted, (quiet, state, experts, ens, np.int32(1))),
+                          (engine.run_jitted, (loud, jax.random.key(7), experts, ens))]:
+        assert "callback" not in program.lower(*args).as_text()
+
+
 def test_a_group_breaking_the_shape_contract_fails_at_the_boundary(overlapping_tables):
     class WrongAlphabet:  # reports 4 symbols but returns 3 + EOS columns
         def __getattr__(self, name):
