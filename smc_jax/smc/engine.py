@@ -37,6 +37,7 @@ experts' next-symbol conditionals, renormalized) and ignores weights.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 from collections.abc import Callable, Sequence
@@ -46,6 +47,7 @@ from typing import Literal, NamedTuple
 import chex
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray
 
 from smc_jax.smc.ensemble import Ensemble
@@ -332,7 +334,8 @@ class SMC:
         m = self.num_particles
         ancestors = jnp.arange(m, dtype=jnp.int32)
         log_weights, done = state.log_weights, state.done
-        if not (self.method == "smc" and self.ess_threshold > 0):
+        traced = not isinstance(self.ess_threshold, (int, float))  # a run-time value (see `_dispatched`)
+        if self.method != "smc" or (not traced and self.ess_threshold <= 0):
             return jnp.zeros((), bool), ancestors, state, log_weights
         # The resampled pool: every particle (Alg. 1), or only those still extending.
         if self.resample_finished:
@@ -344,7 +347,13 @@ class SMC:
             log_pool_size = jnp.log(jnp.maximum(pool_count, 1).astype(jnp.float32))
         pool_log_weights = jnp.where(pool, log_weights, -jnp.inf)
         total = jax.nn.logsumexp(pool_log_weights)
-        resampled = (pool_ess < self.ess_threshold * pool_count) & jnp.any(~done) & jnp.isfinite(total)
+        # A static threshold times the static M is a Python product; a traced one comes as that
+        # product already (`_Knobs.ess_limit`), so both compare the same float32 number.
+        if not traced:
+            limit = self.ess_threshold * pool_count
+        else:
+            limit = self.ess_threshold.ess_limit if self.resample_finished else self.ess_threshold.value * pool_count
+        resampled = (pool_ess < limit) & jnp.any(~done) & jnp.isfinite(total)
         weights = jnp.exp(pool_log_weights - jnp.where(jnp.isfinite(total), total, 0.0))
         resampler = get_resampler(self.resampler)
         if self.resample_finished:
@@ -510,14 +519,16 @@ class SMC:
         `progress`: without it, one `advance` runs the whole loop; with it, each dispatch of
         `advance` runs one step and the step is reported to the listeners (a host sync between
         steps, none inside one). The same steps and results either way."""
-        quiet = dataclasses.replace(self, progress=False)
+        # The programs are keyed by the static fields alone: the threshold is an argument.
+        quiet = dataclasses.replace(self, progress=False, ess_threshold=1.0)
+        knobs = _Knobs(value=np.float32(self.ess_threshold), ess_limit=np.float32(self.ess_threshold * self.num_particles))
         state = _init_jitted(quiet, key, experts, ensemble)
         if not self.progress:
-            return _finish_jitted(_advance_jitted(quiet, state, experts, ensemble, jnp.int32(self.num_steps)))
+            return _finish_jitted(_advance_jitted(quiet, knobs, state, experts, ensemble, np.int32(self.num_steps)))
         step = 0
         while step < self.num_steps:
-            state = _advance_jitted(quiet, state, experts, ensemble, jnp.int32(step + 1))
-            step, active = int(state.step), int(jnp.sum(~state.done))
+            state = _advance_jitted(quiet, knobs, state, experts, ensemble, np.int32(step + 1))
+            step, active = int(state.step), int(np.sum(~np.asarray(state.done)))  # host arithmetic: no program
             progress_hooks.report(step - 1, active)
             if active == 0:
                 break
@@ -574,13 +585,23 @@ def _init(smc: SMC, key: PRNGKeyArray, experts: ExpertGroup, ensemble: Ensemble)
     return smc.init(key, experts, ensemble)
 
 
-def _advance(smc: SMC, state: SMCState, experts: ExpertGroup, ensemble: Ensemble, stop: Int[Array, ""]) -> SMCState:
-    return smc.advance(state, experts, ensemble, stop)
+class _Knobs(NamedTuple):
+    """The ESS threshold as a run-time value: a sweep over it reuses one program."""
+
+    value: Float[Array, ""]  # ess_threshold
+    ess_limit: Float[Array, ""]  # ess_threshold * M, rounded from the exact product
+
+
+def _advance(smc: SMC, knobs: _Knobs, state: SMCState, experts: ExpertGroup, ensemble: Ensemble,
+             stop: Int[Array, ""]) -> SMCState:
+    traced = copy.copy(smc)
+    object.__setattr__(traced, "ess_threshold", knobs)  # past the checks of a Python number
+    return traced.advance(state, experts, ensemble, stop)
 
 
 _init_jitted = jax.jit(_init, static_argnums=0)
 # The state is donated: a chunk updates the particles (and the experts' caches) in place.
-_advance_jitted = jax.jit(_advance, static_argnums=0, donate_argnums=1)
+_advance_jitted = jax.jit(_advance, static_argnums=0, donate_argnums=2)
 _finish_jitted = jax.jit(finish)
 
 

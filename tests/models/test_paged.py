@@ -196,3 +196,26 @@ def test_token_smc_with_cut_paths_is_the_same_run(tiny):
     assert cut[0] == whole[0]
     np.testing.assert_array_equal(cut[1], whole[1])
     np.testing.assert_array_equal(cut[2], whole[2])
+
+
+def test_a_settings_sweep_on_a_tiny_model_compiles_nothing_new(tiny):
+    """Token SMC over a tiny transformer: after the first run, new seeds, f (tau), weights, ESS
+    thresholds (importance sampling included) and progress reports reuse the same programs."""
+    from smc_jax.experts.token import TokenExperts
+    from smc_jax.smc import SMC
+    from smc_jax.smc.ensemble import make_ensemble
+    from smc_jax.utils.compilation import count_compilations
+
+    path, _ = tiny("llama")
+    model = load_model(path)
+    prefixes, logits = zip(*[model.prefill(p) for p in ([5, 6, 7], [8, 9])])
+    experts = TokenExperts(model=model.paged(), prefixes=jax.tree.map(lambda *x: jnp.stack(x), *prefixes),
+                           prompt_logits=jnp.stack(logits), eos_ids=(model.config.vocab_size - 1,), max_tokens=8)
+    SMC(num_particles=6, max_length=8)(jax.random.key(0), experts, make_ensemble("product", 2))
+    sweep = [(1, "min", None, 0.9, False), (2, 2.5, [0.2, 0.8], 0.9, False), (3, "product", None, 0.5, False),
+             (4, "mixture", [0.7, 0.3], 0.0, False), (5, "product", None, 0.9, True)]
+    with count_compilations() as compiled:
+        for seed, f, weights, threshold, progress in sweep:
+            smc = SMC(num_particles=6, max_length=8, ess_threshold=threshold, progress=progress)
+            smc(jax.random.key(seed), experts, make_ensemble(f, 2, weights))
+    assert compiled.count == 0

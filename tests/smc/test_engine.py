@@ -87,7 +87,8 @@ def test_progress_reports_every_step_with_the_same_result_and_no_host_call(ngram
     assert [active for _, active in seen] == list(np.asarray(got.num_active[1:len(seen)])) + [seen[-1][1]]
     experts = ExpertStack(groups=ngram_experts)
     state = engine._init_jitted(quiet, jax.random.key(7), experts, ens)
-    for program, args in [(engine._advance_jitted, (quiet, state, experts, ens, np.int32(1))),
+    knobs = engine._Knobs(np.float32(0.8), np.float32(0.8 * 12))
+    for program, args in [(engine._advance_jitted, (quiet, knobs, state, experts, ens, np.int32(1))),
                           (engine.run_jitted, (loud, jax.random.key(7), experts, ens))]:
         assert "callback" not in program.lower(*args).as_text()
 
@@ -103,13 +104,28 @@ def test_a_group_breaking_the_shape_contract_fails_at_the_boundary(overlapping_t
         SMC(num_particles=2, max_length=2)(jax.random.key(0), WrongAlphabet(), make_ensemble("product", 1), jit=False)
 
 
-def test_no_recompilation_across_keys_and_ensembles(overlapping_tables):
-    smc = SMC(num_particles=8, max_length=4)
-    smc(jax.random.key(0), overlapping_tables, make_ensemble("product", 2))
+def test_no_recompilation_across_keys_ensembles_thresholds_and_progress(overlapping_tables):
+    SMC(num_particles=8, max_length=4)(jax.random.key(0), overlapping_tables, make_ensemble("product", 2))
     with count_compilations() as counter:
-        for i, f in enumerate(["min", "mixture", -1.0, 2.0, "max"]):
+        for i, (f, threshold) in enumerate([("min", 0.5), ("mixture", 0.0), (-1.0, 1.0), (2.0, 0.9), ("max", 0.3)]):
+            smc = SMC(num_particles=8, max_length=4, ess_threshold=threshold, progress=i % 2 == 1)
             smc(jax.random.key(i), overlapping_tables, make_ensemble(f, 2, [0.3, 0.7]))
     assert counter.count == 0
+
+
+def test_a_run_time_threshold_resamples_as_a_static_one(overlapping_tables):
+    """The dispatched run (threshold as an argument) and the whole-loop program (threshold
+    compiled in) take the same steps, importance sampling (0) and active-only pools included."""
+    from smc_jax.smc.engine import run_jitted
+
+    ens = make_ensemble("product", 2, [0.4, 0.6])
+    experts = ExpertStack(groups=overlapping_tables)
+    for threshold, finished in [(0.0, True), (0.7, True), (0.7, False), (1.0, False)]:
+        smc = SMC(num_particles=6, max_length=4, ess_threshold=threshold, resample_finished=finished)
+        got, want = smc(jax.random.key(2), experts, ens), run_jitted(smc, jax.random.key(2), experts, ens)
+        np.testing.assert_array_equal(got.resampled, np.asarray(want.trace.resampled[: len(got.resampled)]))
+        np.testing.assert_array_equal(got.log_weights, np.asarray(want.log_weights))
+        np.testing.assert_array_equal(got.symbols, np.asarray(want.symbols))
 
 
 def test_result_fields_and_posterior(overlapping_tables):
