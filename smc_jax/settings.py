@@ -94,7 +94,7 @@ class SamplerSettings:
         Byte level, with `prefetch`: contexts per particle and expert prefetched one token below
         the best candidates, by tree attention in the same call (0 = none).
     progress : bool
-        Report each step to `smc_jax.smc.progress` listeners (a host callback per step).
+        Report each step to `smc_jax.smc.progress` listeners (one dispatch per step; no host call inside a program).
     """
 
     level: Level = "byte"

@@ -50,7 +50,7 @@ def resolve_data_dir(data_dir: str | Path | None = None) -> Path:
     Parameters
     ----------
     data_dir : str or pathlib.Path, optional
-        An explicit folder (else $SMC_JAX_DATA, else the data bundled with the package).
+        An explicit folder (else $SMC_JAX_DATA, else the data in the repository).
 
     Raises
     ------

@@ -1,4 +1,4 @@
-"""The evaluation data folder (the copy bundled with the package: always present, so no test is
+"""The evaluation data folder (the copy in the repository: always present, so no test is
 skipped for want of data) and a fresh business database per test run."""
 
 from __future__ import annotations

@@ -45,7 +45,7 @@ def test_argument_then_environment_then_bundled(tmp_path: Path, monkeypatch: pyt
 def test_a_missing_bundled_file_says_how_to_restore_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     monkeypatch.delenv(DATA_DIR_ENV, raising=False)
     monkeypatch.setattr(data_dir_module, "BUNDLED_DATA_DIR", tmp_path)
-    with pytest.raises(DataNotFoundError, match="bundled with smc_jax") as error:
+    with pytest.raises(DataNotFoundError, match=r"the data in the repository \(evaluation/tasks/data\)") as error:
         data_set_path(None, TASK_FILE)
     assert "git checkout -- evaluation/tasks/data" in str(error.value) and DATA_DIR_ENV in str(error.value)
 
@@ -66,7 +66,7 @@ def test_every_data_set_comes_with_its_license():
     assert WORD_SORTING_SHA256 in readme and GLAIVE2K_SHA256 in readme
 
 
-# (task, --limit, --max-words) of the committed results in benchmarks/results/ (instance seed 0)
+# (task, --limit, --max-words) of the committed results in evaluation/results/ (instance seed 0)
 # and the instances they report: the bundled data must draw exactly these again.
 COMMITTED_DRAWS = [
     ("json", 3, None, ["calculate_area_fe414505", "calculate_distance_731540d9", "search_hotels_29d4c29d"]),
