@@ -30,12 +30,12 @@ from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-import numpy as np  # noqa: E402
+import numpy as np
 
-from benchmarks.common import markdown_table, save, timed  # noqa: E402
-import smc_jax as sj  # noqa: E402
-from smc_jax.bytes.vocab import token_byte_strings  # noqa: E402
-from smc_jax.constraints import json_schema, schema_regex, token_transitions  # noqa: E402
+from benchmarks.common import markdown_table, save, timed
+import smc_jax as sj
+from smc_jax.bytes.vocab import token_byte_strings
+from smc_jax.constraints import json_schema, schema_regex, token_transitions
 
 DATA = Path("/work/shared/data/jsonschemabench-glaive2k")
 PROMPT = "Write the arguments of the function call as a JSON object:"

@@ -41,12 +41,12 @@ from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-import numpy as np  # noqa: E402
+import numpy as np
 
-from benchmarks.common import ROOT, markdown_table, save  # noqa: E402
-from smc_jax import ByteScorer, load_model  # noqa: E402
-from smc_jax.sampler import EnsembleSampler, Expert  # noqa: E402
-from smc_jax.settings import DEFAULTS  # noqa: E402
+from benchmarks.common import ROOT, markdown_table, save
+from smc_jax import ByteScorer, load_model
+from smc_jax.sampler import EnsembleSampler, Expert
+from smc_jax.settings import DEFAULTS
 
 #: Per-byte agreement with genlm-bytes (nats): |ours - GenLM| of a byte's conditional log-prob.
 TOLERANCE = 1e-2

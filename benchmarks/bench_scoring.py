@@ -19,12 +19,12 @@ import time
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-import numpy as np  # noqa: E402
+import numpy as np
 
-from benchmarks.common import save  # noqa: E402
-from smc_jax import load_model, logprob, logprob_batch  # noqa: E402
-from smc_jax.scoring import scorer_for  # noqa: E402
-from smc_jax.utils.compilation import count_compilations  # noqa: E402
+from benchmarks.common import save
+from smc_jax import load_model, logprob, logprob_batch
+from smc_jax.scoring import scorer_for
+from smc_jax.utils.compilation import count_compilations
 
 WORDS = (
     "the a cat dog runs quickly over lazy river bright morning code function returns value "

@@ -223,12 +223,11 @@ def run_precompile(args: argparse.Namespace) -> int:
     """
     import jax
 
-    from smc_jax.models.weights_cache import cache_enabled, keep_compiled_programs
+    from smc_jax.models.weights_cache import cache_enabled
     from smc_jax.utils.compilation import count_compilations
 
-    if not cache_enabled():
+    if not cache_enabled():  # else `import smc_jax` has turned the cache on
         raise ValueError("precompile keeps programs in the persistent cache, which SMC_JAX_NO_CACHE=1 turns off; unset it")
-    keep_compiled_programs()
     with count_compilations() as compiled:
         _, _, elapsed = _sample(args)
     print(f"compiled {compiled.count} programs ({compiled.seconds:.1f} s of compilation, {elapsed:.1f} s in all), "

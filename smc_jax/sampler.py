@@ -35,22 +35,11 @@ from smc_jax.experts.token import TokenExperts
 from smc_jax.models.contexts import ContextStoreOverflowError
 from smc_jax.models.lm import LanguageModel, Prompt, prefill_prompts
 from smc_jax.models.tokenizer import check_prompt
-from smc_jax.settings import (  # noqa: F401 (DEFAULT_* and Level: re-exported names)
-    CAPACITY_GROWTH,
-    CONTEXTS_PER_BEAM_SLOT,
-    DEFAULT_BEAM_WIDTH,
-    DEFAULT_PRUNE_THRESHOLD,
-    DEFAULTS,
-    MAX_CAPACITY_SCALE,
-    LEVELS,
-    Level,
-    SamplerSettings,
-)
+from smc_jax.settings import CAPACITY_GROWTH, CONTEXTS_PER_BEAM_SLOT, DEFAULTS, MAX_CAPACITY_SCALE, Level, SamplerSettings
 from smc_jax.smc.sharding import ParamRules, check_mesh, resolve_rules, sample_sharded, shard_experts
 from smc_jax.smc.engine import SMC
 from smc_jax.smc.result import SMCResult
 from smc_jax.scoring import scorer_for
-
 
 
 @dataclasses.dataclass(frozen=True)
