@@ -263,7 +263,7 @@ class EnsembleSampler:
                 eos_ids=eos,
                 beam=self.settings.beam(),
                 max_tokens=max_tokens,
-                temperature=self.settings.temperature,
+                temperature=np.float32(self.settings.temperature),
                 num_entries=num_entries,
                 num_contexts=num_contexts,
                 prompt_bytes=prompt_bytes,
@@ -279,7 +279,7 @@ class EnsembleSampler:
             prompt_logits=logits,
             eos_ids=eos,
             max_tokens=self.settings.max_length,
-            temperature=self.settings.temperature,
+            temperature=np.float32(self.settings.temperature),
         )
 
     def build(self, scale: int = 1):

@@ -186,7 +186,7 @@ class ByteScorer:
         num_entries = (2 * (max_tokens + 1) + num_contexts) * scale
         experts = ByteExperts(
             model=self.paged, prefixes=prefixes, prompt_logits=logits, trie=self.trie, allowed=self.allowed,
-            eos_ids=self.eos, beam=self.beam, max_tokens=max_tokens, temperature=self.temperature,
+            eos_ids=self.eos, beam=self.beam, max_tokens=max_tokens, temperature=np.float32(self.temperature),
             num_entries=num_entries, num_contexts=num_contexts, prompt_bytes=prompt_bytes, prompt_lengths=prompt_lengths,
         )
         shape = (k, jax.tree.leaves(prefixes)[0].shape, length, None if prompt_bytes is None else prompt_bytes.shape, scale)

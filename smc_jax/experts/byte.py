@@ -50,6 +50,7 @@ from smc_jax.bytes.vocab import NUM_BYTES, token_byte_strings
 from smc_jax.experts.model_base import ModelExperts
 from smc_jax.models.contexts import NO_CONTEXT, PROMPT_CONTEXT, ContextStore, bucket_sizes, extend_group
 from smc_jax.models.lm import LanguageModel
+from smc_jax.utils.compilation import stored_jit
 
 
 class PrefetchCache(NamedTuple):
@@ -253,6 +254,7 @@ class ByteExperts(ModelExperts):
         cache = jax.tree.map(lambda x, y: jnp.where(called, x, y), new, cache)
         return stores, cache, jnp.moveaxis(created.reshape(k, m, r), 0, 1)
 
+    @jax.named_scope("prefetch")
     def _plan_prefetch(self, stores: ContextStore, cache: PrefetchCache, beams: BeamState) -> _PrefetchPlan:
         """The optional rows of a call: the `prefetch_slots` best candidates (heaviest first),
         then the children (`_children`), each with its cached or existing context if any."""
@@ -333,6 +335,7 @@ class ByteExperts(ModelExperts):
         entry = jax.vmap(ContextStore.entry_of)(stores, parent)
         return jax.vmap(one)(entry, cache.context, cache.parent_entry, cache.token, parent, token, mask)
 
+    @jax.named_scope("prefetch")
     def _resolve(self, state: ByteExpertState, active: Bool[Array, "M K"]) -> ByteExpertState:
         """Records in ext_context the extensions of the active beams found in the prefetch cache."""
         if not self.cache_slots:
@@ -360,6 +363,7 @@ class ByteExperts(ModelExperts):
         ext_context = jnp.where(wanted, created.reshape(wanted.shape), beams.ext_context)
         return ByteExpertState(beams._replace(ext_context=ext_context), stores, cache)
 
+    @jax.named_scope("byte refresh")
     def _refresh(self, state: ByteExpertState, active: Bool[Array, "M K"]) -> ByteExpertState:
         """Materializes the extensions the beams' next-byte distributions need (if any beam
         needs one, the call also takes those the next shift could keep), then computes the
@@ -388,6 +392,7 @@ class ByteExperts(ModelExperts):
         byte = jnp.broadcast_to(jnp.clip(symbols, 0, NUM_BYTES - 1)[:, None], (symbols.shape[0], k))
         return self._advance(state, byte, jnp.broadcast_to(active[:, None], byte.shape))
 
+    @jax.named_scope("byte shift")
     def _advance(self, state: ByteExpertState, byte: Int[Array, "M K"], active: Bool[Array, "M K"]) -> ByteExpertState:
         """Reads byte[m, k] into expert k's beam of particle m where active[m, k]."""
         def per_expert(fn, state: ByteExpertState, *args):
@@ -424,6 +429,7 @@ class ByteExperts(ModelExperts):
             state = self._heal(state, plan_beams, byte, active)
         return self._refresh(state, active)
 
+    @jax.named_scope("healing")
     def _heal(self, state: ByteExpertState, before: BeamState, byte: Int[Array, "M K"], active: Bool[Array, "M K"]) -> ByteExpertState:
         """Token healing (`smc_jax.bytes.healing`) of the beams the byte emptied: plans every
         candidate from the trie (only when some beam is empty), then creates the chosen path's
@@ -440,6 +446,7 @@ class ByteExperts(ModelExperts):
         beams = beams._replace(healed=beams.healed & active, healed_logp=jnp.where(active, beams.healed_logp, 0.0))
         return ByteExpertState(beams, stores, state.cache)
 
+    @jax.named_scope("eos healing")
     def heal_eos(self, state: ByteExpertState, forced: Bool[Array, "M"]) -> ByteExpertState:
         """EOS healing (`smc_jax.bytes.healing.healed_eos`) for the particles that must read EOS
         next (`forced`): where a beam gives EOS probability 0, one tokenization of its string
@@ -525,9 +532,12 @@ def _best_of_each(key1: Int[Array, "Q"], key2: Int[Array, "Q"], score: Float[Arr
     return jnp.full_like(score, -jnp.inf).at[order].set(jnp.where(first, score[order], -jnp.inf))
 
 
-@jax.jit(static_argnums=1)
 def _initial_state(experts: ByteExperts, num_particles: int) -> ByteExpertState:
     return experts.init(num_particles)
+
+
+# Kept on disk: reading the prompt through the beams is a program of its own, traced per model.
+_initial_state = stored_jit(_initial_state, static_argnums=(1,))
 
 
 @jax.jit

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 import jax
+import numpy as np
 from flax import struct
 from jaxtyping import Array, Float
 
@@ -45,8 +46,8 @@ class ModelExperts:
         The model's end-of-sequence token ids (their mass is EOS's).
     max_tokens : int
         The most tokens a continuation may hold.
-    temperature : float
-        Logits are divided by it.
+    temperature : float or array []
+        Logits are divided by it (a run-time value: a new temperature reuses the program).
     num_entries : int, optional
         Pool entries of each store; None: the worst case (see `capacity`).
     """
@@ -56,7 +57,7 @@ class ModelExperts:
     prompt_logits: Float[Array, "K V"]
     eos_ids: tuple[int, ...] = struct.field(pytree_node=False)
     max_tokens: int = struct.field(pytree_node=False)
-    temperature: float = struct.field(pytree_node=False, default=1.0)
+    temperature: Float[Array, ""] = np.float32(1.0)
     num_entries: int | None = struct.field(pytree_node=False, default=None)  # None: the worst case
 
     @property

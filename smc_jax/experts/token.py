@@ -68,6 +68,7 @@ class TokenExperts(ModelExperts):
     def logprobs(self, state: TokenExpertState) -> Float[Array, "M K V1"]:
         return jax.vmap(lambda table, ctx: table[ctx], in_axes=(0, 1), out_axes=1)(state.stores.summary, state.context)
 
+    @jax.named_scope("token step")
     def advance(
         self, state: TokenExpertState, symbols: Int[Array, "M"], active: Bool[Array, "M"]
     ) -> TokenExpertState:

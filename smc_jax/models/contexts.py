@@ -268,6 +268,7 @@ def bucket_sizes(max_requests: int, typical: int, doublings: int = 1) -> tuple[i
     return tuple(sorted({min(size, max_requests) for size in sizes} | {max_requests}))
 
 
+@jax.named_scope("context store")
 def extend_group(
     stores: ContextStore,
     model: PagedModel,

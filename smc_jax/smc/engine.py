@@ -54,9 +54,10 @@ from smc_jax.smc.ensemble import Ensemble
 from smc_jax.experts.base import ExpertGroup, expert_failure, expert_heal_eos, expert_stats, stack_experts
 from smc_jax.smc import progress as progress_hooks
 from smc_jax.smc.draw import draw_symbols
-from smc_jax.smc.resampling import effective_sample_size, get_resampler, resample_within
+from smc_jax.smc.resampling import RESAMPLERS, effective_sample_size, get_resampler, resample_within
 from smc_jax.smc.result import SMCResult, ZeroWeightError
 from smc_jax.smc.state import PAD_SYMBOL, SMCState, Trace, empty_trace
+from smc_jax.utils.compilation import stored_jit
 
 class Proposal(NamedTuple):
     """One step's proposal: the sampled symbols, log sum_a psi(a | x) and whether it is finite."""
@@ -240,6 +241,7 @@ class SMC:
                             log_weights=pre_resample_log_weights)
         return moved._replace(key=key, step=state.step + 1, trace=trace)
 
+    @jax.named_scope("proposal")
     def propose(self, key: PRNGKeyArray, state: SMCState, logp: Float[Array, "M K A1"], ensemble: Ensemble) -> Proposal:
         """Samples each active particle's next symbol from q(a | x) ∝ psi(a | x) (EOS for the
         finished ones and, with log-normalizer -inf, for the dead ones).
@@ -267,6 +269,7 @@ class SMC:
         symbols = jnp.where(~state.done & viable, symbols, eos)
         return Proposal(symbols=symbols, log_norm=log_norm, viable=viable)
 
+    @jax.named_scope("reweighting")
     def reweight(self, state: SMCState, experts: ExpertGroup, logp: Float[Array, "M K A1"], proposal: Proposal) -> SMCState:
         """The particles after their proposed symbols: weights times sum_a psi(a | x), prefixes,
         strings, lengths, finished flags and expert states (key, step and trace unchanged).
@@ -311,6 +314,7 @@ class SMC:
             expert_state=experts.advance(state.expert_state, symbols, read_on),
         )
 
+    @jax.named_scope("resampling")
     def resample(
         self, key: PRNGKeyArray, state: SMCState, experts: ExpertGroup, ess: Float[Array, ""]
     ) -> tuple[Array, Array, SMCState, Array]:
@@ -356,6 +360,9 @@ class SMC:
         resampled = (pool_ess < limit) & jnp.any(~done) & jnp.isfinite(total)
         weights = jnp.exp(pool_log_weights - jnp.where(jnp.isfinite(total), total, 0.0))
         resampler = get_resampler(self.resampler)
+        if traced and self.ess_threshold.resampler is not None:  # the resampler is a run-time choice too
+            choice, branches = self.ess_threshold.resampler, list(RESAMPLERS.values())
+            resampler = lambda key, w, n: jax.lax.switch(choice, [partial(f, n=n) for f in branches], key, w)  # noqa: E731
         if self.resample_finished:
             drawn = resampler(key, weights, m)
         else:
@@ -376,6 +383,7 @@ class SMC:
                                expert_state=expert_state, log_weights=new_log_weights)
         return resampled, ancestors, state, log_weights
 
+    @jax.named_scope("recording")
     def record(self, state: SMCState, *, ess, resampled, ancestors, log_weights) -> Trace:
         """The trace with this step's row (ESS after the weight update, the resampling flag,
         ancestors, log weights before resampling, particles active at the step's start).
@@ -520,8 +528,9 @@ class SMC:
         `advance` runs one step and the step is reported to the listeners (a host sync between
         steps, none inside one). The same steps and results either way."""
         # The programs are keyed by the static fields alone: the threshold is an argument.
-        quiet = dataclasses.replace(self, progress=False, ess_threshold=1.0)
-        knobs = _Knobs(value=np.float32(self.ess_threshold), ess_limit=np.float32(self.ess_threshold * self.num_particles))
+        quiet = dataclasses.replace(self, progress=False, ess_threshold=1.0, resampler="multinomial")
+        knobs = _Knobs(value=np.float32(self.ess_threshold), ess_limit=np.float32(self.ess_threshold * self.num_particles),
+                       resampler=np.int32(list(RESAMPLERS).index(self.resampler)))
         state = _init_jitted(quiet, key, experts, ensemble)
         if not self.progress:
             return _finish_jitted(_advance_jitted(quiet, knobs, state, experts, ensemble, np.int32(self.num_steps)))
@@ -586,10 +595,11 @@ def _init(smc: SMC, key: PRNGKeyArray, experts: ExpertGroup, ensemble: Ensemble)
 
 
 class _Knobs(NamedTuple):
-    """The ESS threshold as a run-time value: a sweep over it reuses one program."""
+    """Settings as run-time values: a sweep over them reuses one program."""
 
     value: Float[Array, ""]  # ess_threshold
     ess_limit: Float[Array, ""]  # ess_threshold * M, rounded from the exact product
+    resampler: Int[Array, ""] | None = None  # index into `RESAMPLERS`; None: the SMC's own
 
 
 def _advance(smc: SMC, knobs: _Knobs, state: SMCState, experts: ExpertGroup, ensemble: Ensemble,
@@ -600,8 +610,9 @@ def _advance(smc: SMC, knobs: _Knobs, state: SMCState, experts: ExpertGroup, ens
 
 
 _init_jitted = jax.jit(_init, static_argnums=0)
-# The state is donated: a chunk updates the particles (and the experts' caches) in place.
-_advance_jitted = jax.jit(_advance, static_argnums=0, donate_argnums=2)
+# The state is donated: a chunk updates the particles (and the experts' caches) in place. The
+# traced program is kept on disk: a new process skips tracing (tens of seconds for bytes).
+_advance_jitted = stored_jit(_advance, static_argnums=(0,), donate_argnums=(2,))
 _finish_jitted = jax.jit(finish)
 
 

@@ -5,10 +5,16 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from collections.abc import Iterator
+import functools
+import hashlib
+import os
+import pickle
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import jax
+import numpy as np
 
 #: The event JAX records once per backend (XLA) compilation.
 BACKEND_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
@@ -52,3 +58,162 @@ def use_persistent_cache(directory: str | Path) -> bool:
         return False
     jax.config.update("jax_compilation_cache_dir", str(Path(directory).expanduser()))
     return True
+
+
+@functools.cache
+def _source_digest() -> str:
+    """SHA-256 of the package's source files: a stored program is for this code only."""
+    digest = hashlib.sha256()
+    package = Path(__file__).resolve().parents[1]
+    for path in sorted(package.rglob("*.py")):
+        digest.update(str(path.relative_to(package)).encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+def program_store() -> Path | None:
+    """Where `stored_jit` keeps traced programs: `exported/` inside the persistent compilation
+    cache's directory (none without one)."""
+    directory = jax.config.jax_compilation_cache_dir
+    return Path(directory).expanduser() / "exported" if directory else None
+
+
+class stored_jit:
+    """`jax.jit(fn, static_argnums, donate_argnums)` that keeps the traced and lowered program
+    on disk (`jax.export`), so a new process skips tracing and lowering, which take tens of
+    seconds for a byte-SMC program; with the persistent compilation cache it also skips compiling.
+
+    A program is stored under a key of everything it is made from: the function, the static
+    arguments' repr, the other arguments' tree (pickled, with its static fields) and leaf
+    shapes and dtypes, the JAX version and backend, and this package's source. Arguments laid
+    out over several devices, or a tree that cannot be pickled, use the plain jit.
+
+    Parameters
+    ----------
+    fn : callable
+        The function (its result a pytree).
+    static_argnums : tuple of int
+        Its static (hashable) arguments, as for `jax.jit`.
+    donate_argnums : tuple of int
+        The arguments whose buffers it may reuse, as for `jax.jit`.
+    """
+
+    def __init__(self, fn: Callable, *, static_argnums: tuple[int, ...] = (), donate_argnums: tuple[int, ...] = ()):
+        self.fn, self.static, self.donate = fn, tuple(static_argnums), tuple(donate_argnums)
+        self.jitted = jax.jit(fn, static_argnums=self.static, donate_argnums=self.donate)
+        self._programs: dict[Any, Any] = {}
+        functools.update_wrapper(self, fn)
+
+    def trace(self, *args: Any):
+        """The plain jit's `trace` (for inspection: the stored program is the same)."""
+        return self.jitted.trace(*args)
+
+    def lower(self, *args: Any):
+        """The plain jit's `lower` (for inspection: the stored program is the same)."""
+        return self.jitted.lower(*args)
+
+    def __call__(self, *args: Any) -> Any:
+        store = program_store()
+        dynamic = tuple(a for i, a in enumerate(args) if i not in self.static)
+        leaves, tree = jax.tree.flatten(dynamic)
+        if store is None or not all(_one_device(x) for x in leaves):
+            return self.jitted(*args)
+        statics = tuple(args[i] for i in self.static)
+        avals = tuple(_aval(x) for x in leaves)
+        device = next((next(iter(x.sharding.device_set)) for x in leaves if hasattr(x, "sharding")), jax.devices()[0])
+        memo = (statics, tree, avals, device)
+        program = self._programs.get(memo)
+        if program is None:
+            program = self._programs[memo] = self._load(store, statics, dynamic, tree, avals, device)
+        if program is _UNSTORABLE:
+            return self.jitted(*args)
+        call, out_tree, out_avals = program
+        out = call(*(_raw(x) for x in leaves))
+        return jax.tree.unflatten(out_tree, [_wrap(y, aval) for y, aval in zip(out, out_avals)])
+
+    def _load(self, store: Path, statics, dynamic, tree, avals, device):
+        try:
+            tree_bytes = pickle.dumps(tree)
+        except Exception:  # a static field that cannot be pickled: no stable key
+            return _UNSTORABLE
+        key = hashlib.sha256(repr((
+            self.fn.__module__, self.fn.__qualname__, repr(statics), avals, jax.__version__, jax.default_backend(),
+            str(jax.devices()[0].device_kind), jax.config.jax_enable_x64, str(jax.config.jax_default_matmul_precision),
+            _source_digest(),
+        )).encode() + tree_bytes).hexdigest()[:32]
+        path = store / f"{self.fn.__name__.strip('_')}-{key}.jaxexport"
+        # Flat leaves in and out (PRNG keys as their raw data): the stored program needs no
+        # pytree or dtype registry to be read back; the output's tree is pickled beside it.
+        dynamic_at = [i for i in range(len(statics) + len(dynamic)) if i not in self.static]
+        donated = _flat_indices(dynamic, [dynamic_at.index(i) for i in self.donate])
+        if not path.exists():
+            made = {}
+
+            def flat(*raw):
+                args = list(jax.tree.unflatten(tree, [_wrap(x, aval) for x, aval in zip(raw, avals)]))
+                for i, value in zip(self.static, statics):
+                    args.insert(i, value)
+                out, made["out_tree"] = jax.tree.flatten(self.fn(*args))
+                made["out_avals"] = tuple(_aval(y) for y in out)
+                return [_raw(y) for y in out]
+
+            blob = jax.export.export(jax.jit(flat))(*(_raw_spec(aval) for aval in avals)).serialize()
+            try:
+                record = pickle.dumps({**made, "program": bytes(blob)})
+            except Exception:
+                return _UNSTORABLE
+            store.mkdir(parents=True, exist_ok=True)
+            partial = path.with_suffix(f".{os.getpid()}.tmp")
+            partial.write_bytes(record)
+            partial.replace(path)  # atomic: a concurrent reader sees the whole file or none
+        record = pickle.loads(path.read_bytes())  # the user's own cache directory
+        exported = jax.export.deserialize(bytearray(record["program"]))
+        # Every argument on the one device, committed or not, host values too: one program.
+        on_device = jax.sharding.SingleDeviceSharding(device)
+        call = jax.jit(exported.call, donate_argnums=donated, in_shardings=on_device, out_shardings=on_device)
+        return call, record["out_tree"], record["out_avals"]
+
+
+def _aval(x: Any) -> tuple:
+    """(shape, dtype name, weak type, PRNG implementation or None) of a leaf (Python numbers too)."""
+    aval = jax.typeof(x)
+    impl = str(jax.random.key_impl(x)) if jax.dtypes.issubdtype(aval.dtype, jax.dtypes.prng_key) else None
+    return (tuple(aval.shape), str(aval.dtype), bool(aval.weak_type), impl)
+
+
+def _raw(x: Any) -> Any:
+    """A leaf as plain numbers: a PRNG key as its key data."""
+    dtype = getattr(x, "dtype", None)
+    return jax.random.key_data(x) if dtype is not None and jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key) else x
+
+
+def _wrap(x: Any, aval: tuple) -> Any:
+    """The inverse of `_raw` for a leaf of `aval`."""
+    return x if aval[3] is None else jax.random.wrap_key_data(x, impl=aval[3])
+
+
+def _raw_spec(aval: tuple) -> jax.ShapeDtypeStruct:
+    shape, dtype, weak, impl = aval
+    if impl is None:
+        return jax.ShapeDtypeStruct(shape, np.dtype(dtype), weak_type=weak)
+    one = jax.eval_shape(lambda: jax.random.key_data(jax.random.key(0, impl=impl)))  # the data of one key
+    return jax.ShapeDtypeStruct(shape + one.shape, one.dtype)
+
+
+_UNSTORABLE = object()
+
+
+def _one_device(x: Any) -> bool:
+    sharding = getattr(x, "sharding", None)
+    return sharding is None or len(sharding.device_set) == 1
+
+
+def _flat_indices(dynamic: tuple, positions: list[int]) -> tuple[int, ...]:
+    """The flat leaf indices of the arguments at `positions` of `dynamic`."""
+    out, start = [], 0
+    for i, arg in enumerate(dynamic):
+        n = len(jax.tree.leaves(arg))
+        if i in positions:
+            out.extend(range(start, start + n))
+        start += n
+    return tuple(out)

@@ -200,8 +200,9 @@ def test_token_smc_with_cut_paths_is_the_same_run(tiny):
 
 def test_a_settings_sweep_on_a_tiny_model_compiles_nothing_new(tiny):
     """Token SMC over a tiny transformer: after the first run, new seeds, f (tau), weights, ESS
-    thresholds (importance sampling included) and progress reports reuse the same programs."""
-    from smc_jax.experts.token import TokenExperts
+    thresholds (importance sampling included), temperatures and progress reports reuse the same
+    programs; the temperature is applied all the same."""
+    from smc_jax.experts.token import TokenExperts, token_logprobs
     from smc_jax.smc import SMC
     from smc_jax.smc.ensemble import make_ensemble
     from smc_jax.utils.compilation import count_compilations
@@ -212,10 +213,15 @@ def test_a_settings_sweep_on_a_tiny_model_compiles_nothing_new(tiny):
     experts = TokenExperts(model=model.paged(), prefixes=jax.tree.map(lambda *x: jnp.stack(x), *prefixes),
                            prompt_logits=jnp.stack(logits), eos_ids=(model.config.vocab_size - 1,), max_tokens=8)
     SMC(num_particles=6, max_length=8)(jax.random.key(0), experts, make_ensemble("product", 2))
-    sweep = [(1, "min", None, 0.9, False), (2, 2.5, [0.2, 0.8], 0.9, False), (3, "product", None, 0.5, False),
-             (4, "mixture", [0.7, 0.3], 0.0, False), (5, "product", None, 0.9, True)]
+    sweep = [(1, "min", None, 0.9, False, 1.0), (2, 2.5, [0.2, 0.8], 0.9, False, 1.0), (3, "product", None, 0.5, False, 1.0),
+             (4, "mixture", [0.7, 0.3], 0.0, False, 1.0), (5, "product", None, 0.9, True, 1.0),
+             (6, "product", None, 0.9, False, 0.6), (7, "min", None, 0.5, False, 1.7)]
     with count_compilations() as compiled:
-        for seed, f, weights, threshold, progress in sweep:
+        for seed, f, weights, threshold, progress, temperature in sweep:
             smc = SMC(num_particles=6, max_length=8, ess_threshold=threshold, progress=progress)
-            smc(jax.random.key(seed), experts, make_ensemble(f, 2, weights))
+            smc(jax.random.key(seed), experts.replace(temperature=np.float32(temperature)), make_ensemble(f, 2, weights))
     assert compiled.count == 0
+    cooled = experts.replace(temperature=np.float32(0.6))
+    want = token_logprobs(jnp.stack(logits), experts.eos_ids, 0.6)
+    np.testing.assert_allclose(cooled.logprobs(cooled.init(3))[0], want, rtol=1e-6, atol=1e-6)
+    assert not np.allclose(experts.logprobs(experts.init(3))[0], want)

@@ -1,0 +1,81 @@
+"""Programs kept on disk by `stored_jit`: the same results as the plain jit, read back by a new
+process without tracing, and keyed by what they are made from."""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+import pytest
+
+from smc_jax.experts.base import ExpertStack
+from smc_jax.smc import engine
+from smc_jax.smc.engine import SMC
+from smc_jax.smc.ensemble import make_ensemble
+from smc_jax.utils import compilation
+from smc_jax.utils.compilation import count_compilations, program_store, stored_jit
+
+
+@pytest.fixture
+def store(tmp_path, monkeypatch):
+    """A fresh program store (the persistent cache's directory names it)."""
+    monkeypatch.setattr(compilation, "program_store", lambda: tmp_path / "exported")
+    return tmp_path / "exported"
+
+
+def _run(smc, experts, ensemble, advance):
+    quiet = engine.dataclasses.replace(smc, progress=False, ess_threshold=1.0)
+    knobs = engine._Knobs(np.float32(smc.ess_threshold), np.float32(smc.ess_threshold * smc.num_particles))
+    state = engine._init_jitted(quiet, jax.random.key(3), experts, ensemble)
+    return engine.finish(advance(quiet, knobs, state, experts, ensemble, np.int32(smc.num_steps)))
+
+
+def _numbers(tree):
+    """The leaves as numpy arrays (PRNG keys as their data)."""
+    is_key = lambda x: jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key)
+    return jax.tree.map(lambda x: np.asarray(jax.random.key_data(x) if is_key(x) else x), tree)
+
+
+def test_a_stored_program_gives_the_plain_jits_bits_and_a_new_process_reads_it_without_tracing(
+        store, ngram_experts, monkeypatch):
+    experts, ens = ExpertStack(groups=ngram_experts), make_ensemble("product", 2)
+    smc = SMC(num_particles=16, max_length=9, ess_threshold=0.7)
+    plain = _run(smc, experts, ens, engine._advance_jitted.jitted)
+    fresh = lambda: stored_jit(engine._advance, static_argnums=(0,), donate_argnums=(2,))
+    first = _run(smc, experts, ens, fresh())
+    assert len(list(store.glob("advance-*.jaxexport"))) == 1
+    # A new process (a new stored_jit) reads the program back: nothing is traced or exported.
+    monkeypatch.setattr(jax.export, "export", lambda *a, **k: pytest.fail("traced again"))
+    again = fresh()
+    second = _run(smc, experts, ens, again)
+    for got in (first, second):
+        jax.tree.map(np.testing.assert_array_equal, _numbers(got), _numbers(plain))
+    # Within a process, a program is made once: later calls (other thresholds too) compile nothing.
+    with count_compilations() as compiles:
+        _run(engine.dataclasses.replace(smc, ess_threshold=0.3), experts, ens, again)
+    assert compiles.count == 0
+
+
+def test_other_shapes_or_settings_make_other_programs(store, ngram_experts):
+    experts, ens = ExpertStack(groups=ngram_experts), make_ensemble("product", 2)
+    advance = stored_jit(engine._advance, static_argnums=(0,), donate_argnums=(2,))
+    for smc in (SMC(num_particles=8, max_length=5), SMC(num_particles=4, max_length=5),
+                SMC(num_particles=8, max_length=5, resampler="systematic")):
+        _run(smc, experts, ens, advance)
+    assert len(list(store.glob("advance-*.jaxexport"))) == 3
+
+
+def test_without_a_persistent_cache_nothing_is_stored(tmp_path, ngram_experts, monkeypatch):
+    monkeypatch.setattr(compilation, "program_store", lambda: None)
+    monkeypatch.setattr(jax.export, "export", lambda *a, **k: pytest.fail("exported"))
+    experts, ens = ExpertStack(groups=ngram_experts), make_ensemble("product", 2)
+    advance = stored_jit(engine._advance, static_argnums=(0,), donate_argnums=(2,))
+    _run(SMC(num_particles=8, max_length=5), experts, ens, advance)
+
+
+def test_the_store_sits_in_the_persistent_cache_directory(tmp_path):
+    before = jax.config.jax_compilation_cache_dir
+    try:
+        jax.config.update("jax_compilation_cache_dir", str(tmp_path))
+        assert program_store() == tmp_path / "exported"
+    finally:
+        jax.config.update("jax_compilation_cache_dir", before)
