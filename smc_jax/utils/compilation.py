@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import jax
-import numpy as np
+import jax.numpy as jnp
 
 #: The event JAX records once per backend (XLA) compilation.
 BACKEND_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
@@ -146,7 +146,8 @@ class stored_jit:
         # pytree or dtype registry to be read back; the output's tree is pickled beside it.
         dynamic_at = [i for i in range(len(statics) + len(dynamic)) if i not in self.static]
         donated = _flat_indices(dynamic, [dynamic_at.index(i) for i in self.donate])
-        if not path.exists():
+        record = _read(path)
+        if record is None:  # not stored yet (or unreadable: stored again)
             made = {}
 
             def flat(*raw):
@@ -159,19 +160,31 @@ class stored_jit:
 
             blob = jax.export.export(jax.jit(flat))(*(_raw_spec(aval) for aval in avals)).serialize()
             try:
-                record = pickle.dumps({**made, "program": bytes(blob)})
-            except Exception:
+                data = pickle.dumps({**made, "program": bytes(blob)})
+                store.mkdir(parents=True, exist_ok=True)
+                partial = path.with_suffix(f".{os.getpid()}.tmp")
+                partial.write_bytes(data)
+                partial.replace(path)  # atomic: a concurrent reader sees the whole file or none
+            except Exception:  # an output tree that cannot be pickled, or a store we cannot write
                 return _UNSTORABLE
-            store.mkdir(parents=True, exist_ok=True)
-            partial = path.with_suffix(f".{os.getpid()}.tmp")
-            partial.write_bytes(record)
-            partial.replace(path)  # atomic: a concurrent reader sees the whole file or none
-        record = pickle.loads(path.read_bytes())  # the user's own cache directory
-        exported = jax.export.deserialize(bytearray(record["program"]))
+            record = _read(path)
+            if record is None:
+                return _UNSTORABLE
+        exported, out_tree, out_avals = record
         # Every argument on the one device, committed or not, host values too: one program.
         on_device = jax.sharding.SingleDeviceSharding(device)
         call = jax.jit(exported.call, donate_argnums=donated, in_shardings=on_device, out_shardings=on_device)
-        return call, record["out_tree"], record["out_avals"]
+        return call, out_tree, out_avals
+
+
+def _read(path: Path) -> tuple[jax.export.Exported, Any, tuple] | None:
+    """A stored program, its output's tree and leaf avals (from the user's own cache directory),
+    or None where there is no readable one."""
+    try:
+        record = pickle.loads(path.read_bytes())
+        return jax.export.deserialize(bytearray(record["program"])), record["out_tree"], record["out_avals"]
+    except Exception:  # missing, cut short or written by other code: stored again
+        return None
 
 
 def _aval(x: Any) -> tuple:
@@ -195,7 +208,7 @@ def _wrap(x: Any, aval: tuple) -> Any:
 def _raw_spec(aval: tuple) -> jax.ShapeDtypeStruct:
     shape, dtype, weak, impl = aval
     if impl is None:
-        return jax.ShapeDtypeStruct(shape, np.dtype(dtype), weak_type=weak)
+        return jax.ShapeDtypeStruct(shape, jnp.dtype(dtype), weak_type=weak)  # bfloat16 too
     one = jax.eval_shape(lambda: jax.random.key_data(jax.random.key(0, impl=impl)))  # the data of one key
     return jax.ShapeDtypeStruct(shape + one.shape, one.dtype)
 

@@ -79,3 +79,22 @@ def test_the_store_sits_in_the_persistent_cache_directory(tmp_path):
         assert program_store() == tmp_path / "exported"
     finally:
         jax.config.update("jax_compilation_cache_dir", before)
+
+
+def test_bfloat16_leaves_and_an_unreadable_file(store):
+    """A bfloat16 argument is stored like any other; a cut-short file is stored again."""
+    import jax.numpy as jnp
+
+    def scaled(x, y, n):
+        return {"sum": x * n + y.astype(x.dtype), "n": n}
+
+    x, y = jnp.arange(4, dtype=jnp.bfloat16), jnp.ones(4, jnp.float32)
+    want = jax.jit(scaled, static_argnums=2)(x, y, 3)
+    got = stored_jit(scaled, static_argnums=(2,))(x, y, 3)
+    jax.tree.map(np.testing.assert_array_equal, got, want)
+    assert got["sum"].dtype == jnp.bfloat16
+    (path,) = store.glob("scaled-*.jaxexport")
+    path.write_bytes(path.read_bytes()[:100])
+    again = stored_jit(scaled, static_argnums=(2,))(x, y, 3)
+    jax.tree.map(np.testing.assert_array_equal, again, want)
+    assert len(path.read_bytes()) > 100
