@@ -33,7 +33,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import jax
 import numpy as np
 
-from benchmarks.common import save
+from benchmarks.common import markdown_table, save
 from smc_jax import load_model
 from smc_jax.sampler import EnsembleSampler
 from smc_jax.smc import engine
@@ -60,7 +60,7 @@ CALL_SITES = ("byte shift", "byte refresh", "healing", "eos healing", "token ste
 def innermost(stack: str, names) -> str | None:
     """The name among `names` whose scope is innermost in the name stack `stack` ("a/b/c")."""
     scopes = stack.split("/")
-    found = [(i, name) for name in names for i, scope in enumerate(scopes) if name in scope and scope.endswith(name + ")") or scope == name]
+    found = [(i, name) for name in names for i, scope in enumerate(scopes) if scope == name or scope.endswith(f"({name})")]
     return max(found)[1] if found else None
 
 
@@ -158,8 +158,6 @@ def main() -> None:
                  for part in sorted({p for c in parts.values() for p in c}, key=lambda p: -max(c.get(p, 0) for c in parts.values()))]
     site_rows = [{"call site": site, **{name: sites[name].get(site, 0) for name in wanted}}
                  for site in sorted({s for c in sites.values() for s in c})]
-    from benchmarks.common import markdown_table
-
     appendix = ("## jaxpr equations by part\n\n" + markdown_table(part_rows, ["part", *wanted])
                 + "\n\n## model forwards by call site (each model counted)\n\n"
                 + markdown_table(site_rows, ["call site", *wanted]))

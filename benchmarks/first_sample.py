@@ -146,6 +146,10 @@ def main() -> None:
     base = {k: v for k, v in os.environ.items() if k not in ("JAX_COMPILATION_CACHE_DIR", "SMC_JAX_NO_CACHE")}
     rows = []
     load = os.getloadavg()
+    if not args.skip_genlm:  # GenLM ends at smc_jax's EOS tokens (the same strings end)
+        from smc_jax import load_model
+
+        eos = {name: list(load_model(name).tokenizer.eos_token_ids) for name in MODELS}
     with tempfile.TemporaryDirectory() as scratch:
         for length in args.lengths:
             cache = Path(scratch) / f"xla-{length}"
@@ -165,9 +169,6 @@ def main() -> None:
                                  "seconds": step["seconds"], "compilations": step["compilations"], "sample": clean(step["sample"])})
                     print(rows[-1], flush=True)
             if not args.skip_genlm:
-                from smc_jax import load_model
-
-                eos = {name: list(load_model(name).tokenizer.eos_token_ids) for name in MODELS}
                 got = timed_process([sys.executable, "-c", _GENLM.format(models=MODELS, prompt=PROMPT), str(length),
                                      json.dumps(eos)], base)
                 rows.append({"tool": "GenLM", "case": "fresh process", "bytes": length, "seconds": got["first_output_s"],

@@ -187,17 +187,20 @@ def _read(path: Path) -> tuple[jax.export.Exported, Any, tuple] | None:
         return None
 
 
+def _is_key(dtype: Any) -> bool:
+    return dtype is not None and jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key)
+
+
 def _aval(x: Any) -> tuple:
     """(shape, dtype name, weak type, PRNG implementation or None) of a leaf (Python numbers too)."""
     aval = jax.typeof(x)
-    impl = str(jax.random.key_impl(x)) if jax.dtypes.issubdtype(aval.dtype, jax.dtypes.prng_key) else None
+    impl = str(jax.random.key_impl(x)) if _is_key(aval.dtype) else None
     return (tuple(aval.shape), str(aval.dtype), bool(aval.weak_type), impl)
 
 
 def _raw(x: Any) -> Any:
     """A leaf as plain numbers: a PRNG key as its key data."""
-    dtype = getattr(x, "dtype", None)
-    return jax.random.key_data(x) if dtype is not None and jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key) else x
+    return jax.random.key_data(x) if _is_key(getattr(x, "dtype", None)) else x
 
 
 def _wrap(x: Any, aval: tuple) -> Any:

@@ -3,6 +3,8 @@ process without tracing, and keyed by what they are made from."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import numpy as np
 import pytest
@@ -23,7 +25,7 @@ def store(tmp_path, monkeypatch):
 
 
 def _run(smc, experts, ensemble, advance):
-    quiet = engine.dataclasses.replace(smc, progress=False, ess_threshold=1.0)
+    quiet = dataclasses.replace(smc, progress=False, ess_threshold=1.0)
     knobs = engine._Knobs(np.float32(smc.ess_threshold), np.float32(smc.ess_threshold * smc.num_particles))
     state = engine._init_jitted(quiet, jax.random.key(3), experts, ensemble)
     return engine.finish(advance(quiet, knobs, state, experts, ensemble, np.int32(smc.num_steps)))
@@ -51,7 +53,7 @@ def test_a_stored_program_gives_the_plain_jits_bits_and_a_new_process_reads_it_w
         jax.tree.map(np.testing.assert_array_equal, _numbers(got), _numbers(plain))
     # Within a process, a program is made once: later calls (other thresholds too) compile nothing.
     with count_compilations() as compiles:
-        _run(engine.dataclasses.replace(smc, ess_threshold=0.3), experts, ens, again)
+        _run(dataclasses.replace(smc, ess_threshold=0.3), experts, ens, again)
     assert compiles.count == 0
 
 
