@@ -53,6 +53,9 @@ def add_common_arguments(parser: argparse.ArgumentParser, *, particles: Sequence
     parser.add_argument("--ess-threshold", type=float, default=0.9, help="resample when ESS < threshold x M")
     parser.add_argument("--data-dir", default=None, help="task data folder (default $SMC_JAX_DATA, else the data in evaluation/tasks/data)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument("--batch-size", type=positive_int, default=None,
+                        help="run the instances and seeds of each method, f and M this many at a time, as one batch "
+                             "of problems (default: one run at a time)")
 
 
 def settings_from(args: argparse.Namespace) -> StudySettings:
@@ -89,13 +92,20 @@ class LazyModelRunner:
     def __init__(self, settings: StudySettings, methods: Sequence[str]):
         self.settings, self.methods, self._runner = settings, list(methods), None
 
-    def __call__(self, job):
+    def _loaded(self):
         if self._runner is None:
             from evaluation import ModelRunner
 
             model, cross = load_models(self.settings, self.methods)
             self._runner = ModelRunner(model, self.settings, cross)
-        return self._runner(job)
+        return self._runner
+
+    def __call__(self, job):
+        return self._loaded()(job)
+
+    def run_batch(self, runs, batch_size: int):
+        """`ModelRunner.run_batch`, loading the models first."""
+        return self._loaded().run_batch(runs, batch_size)
 
 
 def json_safe(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:

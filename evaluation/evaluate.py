@@ -64,7 +64,8 @@ def main() -> None:
     instances = {task: load_instances(task, args.limit, args.instance_seed, args.data_dir, args.max_words)
                  for task in args.tasks}
     jobs = plan(instances, args.methods, args.fs, args.particles)
-    new = run_jobs(jobs, args.seeds, store, LazyModelRunner(settings, args.methods), progress=not args.no_progress)
+    new = run_jobs(jobs, args.seeds, store, LazyModelRunner(settings, args.methods), progress=not args.no_progress,
+                   batch_size=args.batch_size)
     wall = time.perf_counter() - start
 
     ids = {task: {str(i.id) for i in xs} for task, xs in instances.items()}

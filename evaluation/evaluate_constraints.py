@@ -90,15 +90,22 @@ class TaskRunners:
     def __init__(self, settings: dict[str, StudySettings], methods: Sequence[str]):
         self.settings, self.methods, self.runners = settings, list(methods), {}
 
-    def __call__(self, job):
+    def _runner(self, task: str):
         if not self.runners:
             from evaluation.cli import load_models
             from evaluation import ModelRunner
 
             any_settings = next(iter(self.settings.values()))
             model, cross = load_models(any_settings, self.methods)
-            self.runners = {task: ModelRunner(model, s, cross) for task, s in self.settings.items()}
-        return self.runners[job.task](job)
+            self.runners = {name: ModelRunner(model, s, cross) for name, s in self.settings.items()}
+        return self.runners[task]
+
+    def __call__(self, job):
+        return self._runner(job.task)(job)
+
+    def run_batch(self, runs, batch_size: int):
+        """`ModelRunner.run_batch` of the runs' task (a batch holds one task)."""
+        return self._runner(runs[0][0].task).run_batch(runs, batch_size)
 
 
 def interleave(jobs_by_task: dict[str, list]) -> list:
@@ -279,7 +286,8 @@ def main() -> None:
     new = 0
     if not args.report_only:
         jobs = interleave({task: plan({task: xs}, methods, args.fs, args.particles) for task, xs in instances.items()})
-        new = run_jobs(jobs, args.seeds, store, TaskRunners(settings, methods), progress=not args.no_progress)
+        new = run_jobs(jobs, args.seeds, store, TaskRunners(settings, methods), progress=not args.no_progress,
+                       batch_size=args.batch_size)
     wall = time.perf_counter() - start
 
     ids = {task: {str(i.id) for i in xs} for task, xs in instances.items()}

@@ -97,7 +97,7 @@ def main() -> None:
         jobs += ([] if args.no_base_prompts else plan(one, list(level.experts), [], args.particles))
         jobs += plan(one, smc_methods, args.fs, args.particles) + plan(one, [level.importance], is_fs, args.particles)
     runner = LazyModelRunner(settings, smc_methods)
-    new = run_jobs(jobs, args.seeds, store, runner, progress=not args.no_progress)
+    new = run_jobs(jobs, args.seeds, store, runner, progress=not args.no_progress, batch_size=args.batch_size)
     wall = time.perf_counter() - start
 
     ids = {str(i.id) for i in instances[args.task]}

@@ -110,10 +110,20 @@ def plan(instances: Mapping[str, Sequence[Any]], methods: Sequence[str], fs: Seq
 SeedRunner = Callable[[int], Record]
 
 
+def batch_key(job: Job) -> tuple:
+    """Runs with equal keys share models, method, f, M and settings: one batch may hold them."""
+    return job.task, job.method, job.f, job.num_particles
+
+
 def run_jobs(jobs: Sequence[Job], seeds: Sequence[int], store: RecordStore,
-             make_runner: Callable[[Job], SeedRunner], progress: bool = True) -> int:
+             make_runner: Callable[[Job], SeedRunner], progress: bool = True, batch_size: int | None = None) -> int:
     """Runs every (job, seed) not yet in `store`, appending each record as it finishes.
     `make_runner(job)` builds the job's sampler once; returns the number of new runs.
+
+    With `batch_size`, the pending runs are grouped by `batch_key` (instances and seeds of one
+    task, method, f and M) and each group runs `batch_size` at a time through
+    `make_runner.run_batch(runs, batch_size)` (one program over a problem axis,
+    `EnsembleSampler.sample_problems`); the records, and what a rerun skips, are the same.
 
     Parameters
     ----------
@@ -127,23 +137,40 @@ def run_jobs(jobs: Sequence[Job], seeds: Sequence[int], store: RecordStore,
         Job -> a function of the seed returning a `Record`.
     progress : bool
         Show a progress bar.
+    batch_size : int, optional
+        Runs per batch (None: one run at a time).
     """
     pending = [(job, [s for s in seeds if job.key(s) not in store]) for job in jobs]
     pending = [(job, todo) for job, todo in pending if todo]
+    run_batch = getattr(make_runner, "run_batch", None)
+    if batch_size is not None and run_batch is None:
+        raise ValueError(f"batch_size needs a make_runner with run_batch (ModelRunner has it); got {make_runner!r}")
     total = sum(len(todo) for _, todo in pending)
-    done = 0
     with tqdm(total=total, desc="runs", disable=not progress, dynamic_ncols=True) as bar:
+
+        def keep(job: Job, seed: int, record: Record) -> None:
+            if record.key != job.key(seed):
+                raise RuntimeError(f"the runner returned record {record.key} for {job.key(seed)}")
+            store.append(record)
+            bar.update()
+
+        if batch_size is None:
+            for job, todo in pending:
+                runner = make_runner(job)
+                for seed in todo:
+                    bar.set_postfix_str(f"{job.task} {job.instance.id} {job.method} {job.f} M={job.num_particles} seed={seed}")
+                    keep(job, seed, runner(seed))
+            return total
+        groups: dict[tuple, list[tuple[Job, int]]] = {}
         for job, todo in pending:
-            runner = make_runner(job)
-            for seed in todo:
-                bar.set_postfix_str(f"{job.task} {job.instance.id} {job.method} {job.f} M={job.num_particles} seed={seed}")
-                record = runner(seed)
-                if record.key != job.key(seed):
-                    raise RuntimeError(f"the runner returned record {record.key} for {job.key(seed)}")
-                store.append(record)
-                done += 1
-                bar.update()
-    return done
+            groups.setdefault(batch_key(job), []).extend((job, seed) for seed in todo)
+        for (task, method, f, m), runs in groups.items():
+            for at in range(0, len(runs), batch_size):
+                chunk = runs[at: at + batch_size]
+                bar.set_postfix_str(f"{task} {method} {f} M={m}: {len(chunk)} runs")
+                for (job, seed), record in zip(chunk, run_batch(chunk, batch_size), strict=True):
+                    keep(job, seed, record)
+    return total
 
 
 def record_from_result(job: Job, seed: int, result: SMCResult | None, correct: Callable[[str], bool],
@@ -207,6 +234,41 @@ class ModelRunner:
             return record_from_result(job, seed, result, correct, self.settings, time.perf_counter() - start)
 
         return run
+
+    def run_batch(self, runs: Sequence[tuple[Job, int]], batch_size: int) -> list[Record]:
+        """The records of (job, seed) runs that share a `batch_key`, sampled as one batch of
+        problems (each its instance's prompts, constraint and seed); a run's seconds are its
+        share of the batch's.
+
+        Parameters
+        ----------
+        runs : sequence of (Job, int)
+            At most `batch_size` runs.
+        batch_size : int
+            The batch's size (a shorter batch is padded to it: one program for all).
+        """
+        first = runs[0][0]
+        task, method = get_task(first.task), get_method(first.method)
+        experts = [experts_for(method, task.prompts(job.instance), self.model, self.cross_model,
+                               self.settings.cross_prompt) for job, _ in runs]
+        constraints = [instance_constraint(job.task, job.instance) for job, _ in runs] if method.constrained else None
+        sampler = build_sampler(method, first.f, first.num_particles, experts[0], self.settings,
+                                None if constraints is None else constraints[0])
+        start = time.perf_counter()
+        results = sampler.sample_problems([[e.prompt for e in group] for group in experts], [seed for _, seed in runs],
+                                          constraints=constraints, batch_size=batch_size, allow_zero_weight=True)
+        seconds = (time.perf_counter() - start) / len(runs)
+        records = []
+        for (job, seed), result in zip(runs, results):
+            if isinstance(result, ZeroWeightError):  # the local baseline: every particle hit an inadmissible symbol
+                result = None
+            elif isinstance(result, Exception):
+                raise result
+            else:
+                result = dataclasses.replace(result, stats=dict(result.stats, seconds=seconds))
+            records.append(record_from_result(job, seed, result, lambda text, job=job: task.is_correct(job.instance, text),
+                                              self.settings, seconds))
+        return records
 
 
 def select(records: Iterable[Record], **criteria: Any) -> list[Record]:

@@ -37,7 +37,8 @@ from smc_jax.models.lm import LanguageModel, Prompt, prefill_prompts
 from smc_jax.models.tokenizer import check_prompt
 from smc_jax.settings import CAPACITY_GROWTH, CONTEXTS_PER_BEAM_SLOT, DEFAULTS, MAX_CAPACITY_SCALE, Level, SamplerSettings
 from smc_jax.smc.sharding import ParamRules, check_mesh, resolve_rules, sample_sharded, shard_experts
-from smc_jax.smc.engine import SMC
+from smc_jax.smc.batch import sample_problems
+from smc_jax.smc.engine import SMC, length_bucket
 from smc_jax.smc.result import SMCResult
 from smc_jax.scoring import scorer_for
 
@@ -198,12 +199,14 @@ class EnsembleSampler:
         self._groups = _groups(list(self.experts))
         order = [i for _, idx in self._groups for i in idx]
         self._order = np.asarray(order)
-        ensemble = make_ensemble(f, len(self.experts), None if self.weights is None else [self.weights[i] for i in order])
-        self._ensemble = constrained(ensemble, len(self.constraint))
+        self._base_ensemble = make_ensemble(f, len(self.experts), None if self.weights is None else [self.weights[i] for i in order])
+        self._ensemble = constrained(self._base_ensemble, len(self.constraint))
         self._constraint_experts: list = []
         self._smc = s.smc()
         self._capacity_scale = 1
         self._built: dict[int, Any] = {}
+        self._arrays: dict[LanguageModel, tuple[Any, Any]] = {}
+        self._vocab: list | None = None  # the shared tokens' byte strings (token-level constraints)
 
     def __repr__(self) -> str:
         experts = ", ".join(f"({e.model.name}, {e.prompt!r})" for e in self.experts)
@@ -217,32 +220,37 @@ class EnsembleSampler:
     def smc(self) -> SMC:
         return self._smc
 
-    def _group(self, model: LanguageModel, indices: list[int], scale: int):
-        prompts = [self.experts[i].prompt for i in indices]
+    def _group(self, model: LanguageModel, prompts: list[Prompt], scale: int, prefilled: tuple | None = None,
+               byte_width: int = 1):
+        """The expert group of one model under `prompts` (prefilled now, or given as `prefilled`;
+        raw-text prompts read as bytes are padded to at least `byte_width` bytes)."""
         prompt_bytes = prompt_lengths = None
-        max_tokens = self.settings.max_length
+        # The stores' path width is max_length's bucket: a new max_length within it reuses the programs.
+        max_tokens = length_bucket(self.settings.max_length)
         if self.settings.prompt_as_bytes:
             # GenLM's convention: the model sees only BOS; the prompt's bytes go through the beam.
             bos = model.tokenizer.bos_token_id if model.tokenizer else None
             if bos is None:
                 raise ValueError(f"{model.name} has no BOS token to start a byte-level prompt from")
             encoded = [p.encode("utf-8") for p in prompts]
-            prompt_bytes = np.zeros((len(encoded), max(1, max(len(b) for b in encoded))), np.int32)
+            # Padded to a length bucket too: prompts of similar lengths share the programs.
+            width = length_bucket(max(byte_width, max(len(b) for b in encoded), 1))
+            prompt_bytes = np.zeros((len(encoded), width), np.int32)
             for i, b in enumerate(encoded):
                 prompt_bytes[i, : len(b)] = list(b)
             prompt_lengths = jnp.asarray([len(b) for b in encoded], jnp.int32)
             prompt_bytes = jnp.asarray(prompt_bytes)
             max_tokens += prompt_bytes.shape[1]
-            prefixes, logits = prefill_prompts(model, [[bos]] * len(prompts), max_tokens, token_ids=True)
+            prefixes, logits = prefilled or prefill_prompts(model, [[bos]] * len(prompts), max_tokens, token_ids=True)
         else:
-            prefixes, logits = prefill_prompts(model, prompts, self.settings.max_length)
-        paged = model.paged()
+            prefixes, logits = prefilled or prefill_prompts(model, prompts, self.settings.max_length)
+        paged, allowed = self._model_arrays(model)
         eos = tuple(model.tokenizer.eos_token_ids) if model.tokenizer else ()
         if not eos:
             raise ValueError(f"{model.name} has no end-of-sequence token; cannot end strings")
         m = self.settings.num_particles
         if self.settings.level == "byte":
-            trie, allowed = byte_vocabulary(model)
+            trie, _ = byte_vocabulary(model)
             # Starting capacities far below the worst case (1 + M C (1 + 2 D) contexts): a
             # particle's beam holds a few distinct contexts (continuing hypotheses share theirs)
             # plus the few extensions that pass the threshold, and its paths share all but their
@@ -259,7 +267,7 @@ class EnsembleSampler:
                 prefixes=prefixes,
                 prompt_logits=logits,
                 trie=trie,
-                allowed=jnp.asarray(allowed),
+                allowed=allowed,
                 eos_ids=eos,
                 beam=self.settings.beam(),
                 max_tokens=max_tokens,
@@ -278,9 +286,18 @@ class EnsembleSampler:
             prefixes=prefixes,
             prompt_logits=logits,
             eos_ids=eos,
-            max_tokens=self.settings.max_length,
+            max_tokens=max_tokens,
             temperature=np.float32(self.settings.temperature),
         )
+
+    def _model_arrays(self, model: LanguageModel) -> tuple[Any, Any]:
+        """The model's paged form and, at the byte level, its mask of usable ids: made once per
+        sampler, so every group of the model holds the same arrays (a batch of problems passes
+        them once)."""
+        if model not in self._arrays:
+            allowed = jnp.asarray(byte_vocabulary(model)[1]) if self.settings.level == "byte" else None
+            self._arrays[model] = (model.paged(), allowed)
+        return self._arrays[model]
 
     def build(self, scale: int = 1):
         """The expert groups (one per model) as one expert group for the sampler (prompts are
@@ -292,7 +309,7 @@ class EnsembleSampler:
             Multiplies the context stores' capacity (`grow_on_overflow` raises it).
         """
         if scale not in self._built:
-            groups = [self._group(model, idx, scale) for model, idx in self._groups]
+            groups = [self._group(model, [self.experts[i].prompt for i in idx], scale) for model, idx in self._groups]
             groups += self.constraint_experts()
             built = groups[0] if len(groups) == 1 else ExpertStack(groups=tuple(groups))
             self._built.clear()
@@ -303,18 +320,21 @@ class EnsembleSampler:
         """The constraints read over the sampler's alphabet: bytes, or the experts' shared tokens
         (tables computed once per sampler)."""
         if not self._constraint_experts and self.constraint:
-            # Under a forced EOS, strings end by max_length: viability looks that far only.
-            horizon = self.settings.max_length if self.settings.at_max_length == "eos" else None
-            if self.settings.level == "byte":
-                built = [c.byte_expert(horizon) for c in self.constraint]
-            else:
-                model = self.experts[0].model
-                if model.tokenizer is None:
-                    raise ValueError(f"{model.name} has no tokenizer, so a constraint cannot read its tokens")
-                vocab = token_byte_strings(model.tokenizer.hf, vocab_size=model.config.vocab_size)
-                built = [c.token_expert(vocab.byte_strings, horizon) for c in self.constraint]
-            self._constraint_experts.extend(built)
+            self._constraint_experts.extend(self._read_constraints(self.constraint))
         return list(self._constraint_experts)
+
+    def _read_constraints(self, automata: Sequence[Automaton]) -> list:
+        """`automata` as experts over the sampler's alphabet (see `constraint_experts`)."""
+        # Under a forced EOS, strings end by max_length: viability looks that far only.
+        horizon = self.settings.max_length if self.settings.at_max_length == "eos" else None
+        if self.settings.level == "byte":
+            return [c.byte_expert(horizon) for c in automata]
+        model = self.experts[0].model
+        if model.tokenizer is None:
+            raise ValueError(f"{model.name} has no tokenizer, so a constraint cannot read its tokens")
+        if self._vocab is None:  # read once per sampler: a batch reads one automaton per problem
+            self._vocab = token_byte_strings(model.tokenizer.hf, vocab_size=model.config.vocab_size).byte_strings
+        return [c.token_expert(self._vocab, horizon) for c in automata]
 
     def _decode(self) -> Callable[[np.ndarray], str]:
         if self.settings.level == "byte":
@@ -373,6 +393,133 @@ class EnsembleSampler:
         # a particle's weight and `finished` flag already say whether it is in the language.
         models_logprobs = result.expert_logprobs[:, : len(self.experts)][:, inverse]
         return dataclasses.replace(result, expert_logprobs=models_logprobs, stats=stats)
+
+    def sample_problems(
+        self,
+        prompts: Sequence[Sequence[Prompt]],
+        seeds: int | Sequence[int] = 0,
+        *,
+        batch_size: int | None = None,
+        constraints: Sequence[Automaton | Sequence[Automaton]] | None = None,
+        allow_zero_weight: bool = False,
+    ) -> list[SMCResult | RuntimeError]:
+        """Samples B problems in batches, each batch one program over a problem axis
+        (`smc_jax.smc.batch`): problem b's experts are the sampler's models under `prompts[b]`
+        (one prompt per expert, in the order of `experts`; the sampler's own prompts are not
+        used), with its own seed. Each problem's result equals `__call__`'s for those prompts
+        and seed up to the arithmetic of larger model calls (the same rows, padded more).
+
+        Parameters
+        ----------
+        prompts : sequence of sequences of prompts
+            B problems' prompts, K per problem.
+        seeds : int or sequence of int
+            One seed per problem, or one seed for every problem.
+        batch_size : int, optional
+            Problems per program (default: all). A short last batch is padded with copies of its
+            first problem (dropped from the results), so every batch reuses one program.
+        constraints : sequence, optional
+            Per problem, its own automata (in place of the sampler's `constraint`; the same
+            number for every problem), e.g. each instance's JSON schema. Their tables are padded
+            to one state count per batch.
+        allow_zero_weight : bool
+            Return a problem's result even when its particles all end at zero weight.
+
+        Returns
+        -------
+        list of SMCResult or RuntimeError
+            Per problem, its result, or the error it ended in (`ZeroWeightError`, or a store's
+            overflow that persisted at the largest capacity): one failed problem does not hide
+            the others' results.
+        """
+        prompts = [list(p) for p in prompts]
+        k = len(self.experts)
+        for b, problem in enumerate(prompts):
+            if len(problem) != k:
+                raise ValueError(f"problem {b} has {len(problem)} prompts for K = {k} experts; give one prompt per expert")
+        seeds = [int(seeds)] * len(prompts) if isinstance(seeds, (int, np.integer)) else [int(s) for s in seeds]
+        if len(seeds) != len(prompts):
+            raise ValueError(f"{len(seeds)} seeds for {len(prompts)} problems; give one seed per problem (or one int)")
+        if self.mesh is not None:
+            raise ValueError("a batch of problems runs on one device; use EnsembleSampler without mesh=")
+        if constraints is not None:
+            constraints = [as_constraints(c) for c in constraints]
+            if len(constraints) != len(prompts) or len({len(c) for c in constraints}) > 1:
+                raise ValueError(f"give every one of the {len(prompts)} problems the same number of constraints "
+                                 f"(got {[len(c) for c in constraints]})")
+        if not prompts:
+            return []
+        size = len(prompts) if batch_size is None else int(batch_size)
+        if size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size!r}")
+        results: list[SMCResult | RuntimeError] = []
+        for start in range(0, len(prompts), size):
+            chunk = list(range(start, min(start + size, len(prompts))))
+            padded = chunk + [chunk[0]] * (size - len(chunk))
+            results += self._sample_batch([prompts[i] for i in padded], [seeds[i] for i in padded],
+                                          None if constraints is None else [constraints[i] for i in padded],
+                                          allow_zero_weight)[: len(chunk)]
+        return results
+
+    def _sample_batch(self, prompts: list[list[Prompt]], seeds: list[int], constraints: list | None,
+                      allow_zero_weight: bool) -> list:
+        """One batch of `sample_problems`; problems that overflow their stores are run again, as
+        a batch of their own, with grown capacities."""
+        start = time.perf_counter()
+        keys = jnp.stack([jax.random.key(seed) for seed in seeds])
+        ensemble = self._ensemble if constraints is None else constrained(self._base_ensemble, len(constraints[0]))
+        if constraints is not None:  # read and padded once per distinct automaton (seeds repeat them)
+            distinct = {tuple(map(id, c)): c for c in constraints}
+            read = {key: self._read_constraints(c) for key, c in distinct.items()}
+            states = [max(r[i].num_states for r in read.values()) for i in range(len(constraints[0]))]
+            padded = {key: [expert.padded(n) for expert, n in zip(r, states)] for key, r in read.items()}
+            constraints = [padded[tuple(map(id, c))] for c in constraints]
+        results: list = [None] * len(prompts)
+        todo, scale = list(range(len(prompts))), self._capacity_scale
+        while todo:
+            groups = self._problem_groups([prompts[b] for b in todo], scale,
+                                          None if constraints is None else [constraints[b] for b in todo])
+            for b, result in zip(todo, sample_problems(self._smc, keys[np.asarray(todo)], groups, ensemble,
+                                                       decode=self._decode(), allow_zero_weight=allow_zero_weight)):
+                results[b] = result
+            todo = [b for b in todo if isinstance(results[b], ContextStoreOverflowError)]
+            if scale >= MAX_CAPACITY_SCALE:
+                break
+            scale *= CAPACITY_GROWTH
+        seconds = time.perf_counter() - start
+        inverse = np.argsort(self._order)
+        return [r if not isinstance(r, SMCResult) else dataclasses.replace(
+            r, expert_logprobs=r.expert_logprobs[:, : len(self.experts)][:, inverse],
+            stats=dict(r.stats, seconds=seconds / len(prompts), batch_seconds=seconds, batch=len(prompts),
+                       level=self.settings.level)) for r in results]
+
+    def _problem_groups(self, prompts: list[list[Prompt]], scale: int, constraints: list | None = None) -> list:
+        """Each problem's expert group; every model prefills all problems' prompts in one call,
+        so they share one length bucket. `constraints`: each problem's constraint experts (else
+        the sampler's)."""
+        per_model = []
+        for model, idx in self._groups:
+            flat = [problem[i] for problem in prompts for i in idx]
+            width = 1
+            if self.settings.prompt_as_bytes:
+                if any(not isinstance(p, str) for p in flat):
+                    raise ValueError("prompt_as_bytes takes raw-text prompts (chat templates hold control tokens)")
+                width = max(len(p.encode("utf-8")) for p in flat)
+                prefilled = None
+            else:  # each distinct prompt prefilled once (a problem's seeds repeat its prompts)
+                distinct = list({repr(p): p for p in flat}.items())
+                row_of = {key: row for row, (key, _) in enumerate(distinct)}
+                prefixes, logits = prefill_prompts(model, [p for _, p in distinct], self.settings.max_length)
+            groups = []
+            for b in range(len(prompts)):
+                if not self.settings.prompt_as_bytes:
+                    rows = np.asarray([row_of[repr(prompts[b][i])] for i in idx])
+                    prefilled = (jax.tree.map(lambda x: x[rows], prefixes), logits[rows])
+                groups.append(self._group(model, [prompts[b][i] for i in idx], scale, prefilled, byte_width=width))
+            per_model.append(groups)
+        if constraints is None:
+            constraints = [self.constraint_experts()] * len(prompts)
+        return [[groups[b] for groups in per_model] + list(constraints[b]) for b in range(len(prompts))]
 
     def logprob(self, continuation: str | bytes) -> ByteLogprob:
         """Natural-log probabilities of `continuation` (UTF-8 when a str) after the prompt of the

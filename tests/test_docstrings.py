@@ -19,7 +19,7 @@ import pytest
 PUBLIC_MODULES = [
     "smc_jax", "smc_jax.sampler", "smc_jax.scoring", "smc_jax.settings", "smc_jax.constraints", "smc_jax.plots",
     "smc_jax.cli", "smc_jax.smc", "smc_jax.smc.ensemble", "smc_jax.smc.exact", "smc_jax.smc.learn",
-    "smc_jax.smc.sharding", "smc_jax.experts", "smc_jax.bytes", "smc_jax.models", "smc_jax.models.flax_adapter",
+    "smc_jax.smc.sharding", "smc_jax.smc.batch", "smc_jax.experts", "smc_jax.bytes", "smc_jax.models", "smc_jax.models.flax_adapter",
     "evaluation", "evaluation.tasks",
 ]
 SECTION = re.compile(r"^\s*(Parameters|Attributes|Args|Arguments)\s*:?\s*$", re.M)

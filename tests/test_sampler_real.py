@@ -164,3 +164,44 @@ def test_bad_input_is_rejected(smol, gemma):
         sample([(smol.with_prompt_capacity(16), "word " * 40)], "product", level="token", max_length=2)
     with pytest.raises(ValueError, match="unknown level"):
         sample([(smol, PHYSICIST)], "product", level="character")
+
+
+def test_a_batch_of_problems_gives_each_problem_its_own_run(smol):
+    """Three problems (prompts in different length buckets, each with its own JSON schema) in
+    batches of two: each result has its unbatched run's strings, and its weights up to float32
+    rounding (the batch pads the prompts to one bucket and the model calls to one row count, so
+    the same rows are computed in larger calls)."""
+    from smc_jax import constraints
+
+    person = constraints.json_schema({"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]})
+    city = constraints.json_schema({"type": "object", "properties": {"city": {"type": "string"}, "zip": {"type": "integer"}},
+                                    "required": ["city", "zip"]})
+    prompts = [["Give a person as JSON:"], ["Describe a city in JSON with its zip code, as an object with two keys, "
+                                            "the name of the city and its zip code:"], ["JSON:"]]
+    schemas = [person, city, person]
+    common = dict(level="token", num_particles=8, max_length=16, ess_threshold=0.9)
+    sampler = EnsembleSampler([Expert(smol, prompts[0][0])], constraint=person, **common)
+    batched = sampler.sample_problems(prompts, seeds=[0, 1, 2], constraints=schemas, batch_size=2)
+    resampled = 0
+    for b, (prompt, schema) in enumerate(zip(prompts, schemas)):
+        alone = EnsembleSampler([Expert(smol, prompt[0])], constraint=schema, **common)(b)
+        assert batched[b].texts == alone.texts
+        np.testing.assert_allclose(batched[b].log_weights, alone.log_weights, rtol=0, atol=1e-3)
+        np.testing.assert_allclose(batched[b].log_Z, alone.log_Z, rtol=0, atol=1e-3)
+        resampled += int(batched[b].resampled.sum())
+    assert resampled > 0
+
+
+def test_a_byte_level_sweep_of_prune_threshold_and_max_length_compiles_nothing(smol):
+    """The prune threshold is a run-time value of the byte experts, and max_length one within its
+    bucket (the arrays are 16 wide for 6 and 8): new samplers with either reuse the programs."""
+    from smc_jax.utils.compilation import count_compilations
+
+    common = dict(level="byte", num_particles=4, ess_threshold=0.9)
+    EnsembleSampler([Expert(smol, PHYSICIST)], max_length=8, **common)(0)
+    with count_compilations() as compiled:
+        pruned = EnsembleSampler([Expert(smol, PHYSICIST)], max_length=8, prune_threshold=0.2, **common)(1)
+        shorter = EnsembleSampler([Expert(smol, PHYSICIST)], max_length=6, **common)(2)
+    assert compiled.count == 0
+    assert pruned.symbols.shape == (4, 8) and shorter.symbols.shape == (4, 6)
+    assert shorter.lengths.max() <= 6 and shorter.finished.any()  # strings end by 6 bytes (forced EOS)

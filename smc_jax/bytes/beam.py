@@ -48,6 +48,7 @@ import math
 from typing import NamedTuple
 
 import jax
+import numpy as np
 import jax.numpy as jnp
 from flax import struct
 from jaxtyping import Array, Bool, Float, Int
@@ -116,13 +117,17 @@ class BeamConfig:
     """
 
     width: int = struct.field(pytree_node=False)
-    threshold: float = struct.field(pytree_node=False, default=0.0)
+    # The threshold is a run-time value (a new one reuses the programs); its log is taken on the
+    # host, in float64 then rounded, as a Python constant compiled in was.
+    threshold: float = 0.0
     heal: bool = struct.field(pytree_node=False, default=True)
     heal_max_backoff: int = struct.field(pytree_node=False, default=16)
+    log_threshold: Float[Array, ""] | None = None  # log(threshold), -inf for 0; set from it when None
 
-    @property
-    def log_threshold(self) -> float:
-        return math.log(self.threshold) if self.threshold > 0 else -math.inf
+    def __post_init__(self):
+        if self.log_threshold is None:
+            t = float(self.threshold)
+            object.__setattr__(self, "log_threshold", np.float32(math.log(t) if t > 0 else -math.inf))
 
 
 def _lse(x: Array, axis) -> Array:

@@ -51,6 +51,7 @@ from smc_jax.experts.model_base import ModelExperts
 from smc_jax.models.contexts import NO_CONTEXT, PROMPT_CONTEXT, ContextStore, bucket_sizes, extend_group
 from smc_jax.models.lm import LanguageModel
 from smc_jax.utils.compilation import stored_jit
+from smc_jax.utils.problems import shared_max
 
 
 class PrefetchCache(NamedTuple):
@@ -104,7 +105,7 @@ class ByteExperts(ModelExperts):
 
     trie: TokenTrie
     allowed: Bool[Array, "V"]
-    beam: BeamConfig = struct.field(pytree_node=False)
+    beam: BeamConfig  # its width and healing are static; its prune threshold a run-time value
     num_contexts: int | None = struct.field(pytree_node=False, default=None)  # None: the worst case
     # A shift that calls the model also fetches what the next refresh may need (more rows, fewer
     # sequential calls); False fetches only what each of the two needs (same distributions).
@@ -498,8 +499,9 @@ class ByteExperts(ModelExperts):
             )
             return stores, jnp.where(want, created[..., 0], context), logp, i + 1
 
+        longest = shared_max(jnp.max(count))  # in a batch of problems, all loop alike (no select of stores)
         stores, context, logp, _ = jax.lax.while_loop(
-            lambda carry: carry[3] < jnp.max(count), body, (state.stores, plan.source, plan.source_logp, jnp.int32(0))
+            lambda carry: carry[3] < longest, body, (state.stores, plan.source, plan.source_logp, jnp.int32(0))
         )
         return stores, context, logp
 

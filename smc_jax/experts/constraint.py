@@ -420,7 +420,7 @@ class ConstraintExpert:
     accepting: Bool[Array, "S"]
     distance: Int[Array, "S"]
     alphabet_size: int = struct.field(pytree_node=False)
-    horizon: int | None = struct.field(pytree_node=False, default=None)
+    horizon: Int[Array, ""] | None = None  # a run-time value: a new max_length reuses the program
     num_experts: int = struct.field(pytree_node=False, default=1)
 
     #: Marks a potential whose rows are not distributions (see `smc_jax.experts.base`).
@@ -442,12 +442,39 @@ class ConstraintExpert:
             raise ValueError(f"horizon must be >= 0 or None, got {horizon}")
         return cls(
             transitions=jnp.asarray(transitions, jnp.int32), accepting=jnp.asarray(accepting),
-            distance=jnp.asarray(distance), alphabet_size=alphabet_size, horizon=horizon,
+            distance=jnp.asarray(distance), alphabet_size=alphabet_size,
+            horizon=None if horizon is None else np.int32(horizon),
         )
 
     @property
     def num_states(self) -> int:
         return int(self.transitions.shape[0])
+
+    def padded(self, num_states: int) -> "ConstraintExpert":
+        """The same potential over `num_states` states: unreachable, non-accepting states are
+        inserted before the dead state (as in `pad_states`), so the experts of different
+        automata stack into one batch of problems.
+
+        Parameters
+        ----------
+        num_states : int
+            At least `self.num_states`.
+        """
+        s = self.num_states
+        if num_states < s:
+            raise ValueError(f"cannot pad {s} states down to {num_states}")
+        if num_states == s:
+            return self
+        old = np.asarray(self.transitions)
+        transitions = np.full((num_states, old.shape[1]), num_states - 1, np.int32)
+        transitions[: s - 1] = np.where(old[: s - 1] == s - 1, num_states - 1, old[: s - 1])
+        accepting = np.zeros((num_states,), bool)
+        accepting[: s - 1] = np.asarray(self.accepting)[: s - 1]
+        distance = np.asarray(self.distance)
+        # The new states lead only to the dead state: as far from acceptance as it is.
+        distance = np.concatenate([distance[: s - 1], np.full((num_states - s + 1,), distance[s - 1])])
+        return ConstraintExpert.from_tables(transitions, accepting, distance, alphabet_size=self.alphabet_size,
+                                            horizon=self.horizon)
 
     @property
     def dead(self) -> int:

@@ -31,6 +31,8 @@ import numpy as np
 from flax import struct
 from jaxtyping import Array, Bool, Float, Int
 
+from smc_jax.utils.problems import shared_max
+
 PyTree = Any
 
 #: Context id of a slot that holds no hypothesis.
@@ -332,7 +334,7 @@ def extend_group(
     # found outside the vmap over experts, so the model cuts its paths to one width for all.
     depth_of = lambda parents, ok: jnp.where(ok, jax.vmap(context_depth)(stores, parents), 0)
     span = jnp.maximum(jnp.max(depth_of(parent, valid), initial=0), jnp.max(depth_of(opt_parent, opt_valid), initial=0))
-    span = span + (0 if link is None else 1)
+    span = shared_max(span + (0 if link is None else 1))
 
     sizes = jnp.asarray(buckets)
     bucket = lambda n: jnp.minimum(jnp.searchsorted(sizes, n, side="left"), len(buckets) - 1)
@@ -340,7 +342,7 @@ def extend_group(
     required = bucket(jnp.max(reqs.count))
     wished = bucket(jnp.max(reqs.count + jnp.minimum(jnp.sum(fresh, axis=1), grow)))
     grown = jnp.minimum(wished, jnp.maximum(required, len(buckets) - 2))
-    branch = jnp.where(jnp.max(reqs.count) == 0, 0, 1 + grown)
+    branch = shared_max(jnp.where(jnp.max(reqs.count) == 0, 0, 1 + grown))  # one size for all problems
 
     def make_branch(size: int):
         def run(carry: tuple[ContextStore, Array]) -> tuple[ContextStore, Int[Array, "K RE"]]:

@@ -131,6 +131,18 @@ class SMC:
         """The upper bound on the number of steps (L symbols, plus the forced EOS step)."""
         return self.max_length + (1 if self.at_max_length == "eos" else 0)
 
+    @property
+    def limit(self) -> int | Int[Array, ""]:
+        """L as the step reads it: `max_length`, or in a dispatched run the run-time value
+        (`_Knobs.max_length`; `max_length` is then its bucket, the arrays' width)."""
+        knob = getattr(self.ess_threshold, "max_length", None)
+        return self.max_length if knob is None else knob
+
+    @property
+    def step_limit(self) -> int | Int[Array, ""]:
+        """`num_steps` as the step reads it (see `limit`)."""
+        return self.limit + (1 if self.at_max_length == "eos" else 0)
+
     # ---------------------------------------------------------------- pure functions
 
     def init(self, key: PRNGKeyArray, experts: ExpertGroup, ensemble: Ensemble) -> SMCState:
@@ -202,7 +214,7 @@ class SMC:
         else:
             logits = jax.vmap(ensemble.log_target, in_axes=2, out_axes=1)(logp)
         is_eos = jnp.arange(a + 1) == a
-        at_limit = state.step >= self.max_length
+        at_limit = state.step >= self.limit
         return jnp.where(at_limit & ~is_eos, -jnp.inf, logits)
 
     def step(self, state: SMCState, experts: ExpertGroup, ensemble: Ensemble) -> SMCState:
@@ -226,7 +238,7 @@ class SMC:
         key, key_sample, key_resample = jax.random.split(state.key, 3)
         if self.at_max_length == "eos":
             # At the limit EOS must be read: an expert that gives it 0 may heal it (byte beams).
-            forced = (state.step >= self.max_length) & ~state.done
+            forced = (state.step >= self.limit) & ~state.done
             state = state._replace(expert_state=expert_heal_eos(experts, state.expert_state, forced))
         logp = experts.logprobs(state.expert_state)
         # The expert-group contract at the engine's boundary (static shapes: no run-time cost).
@@ -300,10 +312,10 @@ class SMC:
         sym_logp = jnp.take_along_axis(logp, symbols[:, None, None], axis=2)[..., 0]  # [M, K]
         log_prefix = jnp.where((extend | took_eos)[:, None], state.log_prefix + sym_logp, state.log_prefix)
         # Elementwise (a scatter at [m, lengths[m]] would make a sharded run gather its indices).
-        write = extend[:, None] & (jnp.arange(self.max_length)[None, :] == state.lengths[:, None])
+        write = extend[:, None] & (jnp.arange(state.symbols.shape[1])[None, :] == state.lengths[:, None])
         # Truncated at L, nothing reads the experts after the last step: skip their advance there
         # (for a language model, a call whose next-token distribution nobody would use).
-        read_on = extend & (state.step + 1 < self.max_length) if self.at_max_length == "truncate" else extend
+        read_on = extend & (state.step + 1 < self.limit) if self.at_max_length == "truncate" else extend
         return state._replace(
             symbols=jnp.where(write, symbols[:, None], state.symbols),
             lengths=state.lengths + extend.astype(jnp.int32),
@@ -471,7 +483,7 @@ class SMC:
         SMCState
         """
         constrain = constrain or (lambda s: s)
-        stop = jnp.minimum(jnp.asarray(stop, jnp.int32), self.num_steps)
+        stop = jnp.minimum(jnp.asarray(stop, jnp.int32), self.step_limit)
 
         def cond(s: SMCState):
             return (s.step < stop) & jnp.any(~s.done)
@@ -527,10 +539,7 @@ class SMC:
         `progress`: without it, one `advance` runs the whole loop; with it, each dispatch of
         `advance` runs one step and the step is reported to the listeners (a host sync between
         steps, none inside one). The same steps and results either way."""
-        # The programs are keyed by the static fields alone: the threshold is an argument.
-        quiet = dataclasses.replace(self, progress=False, ess_threshold=1.0, resampler="multinomial")
-        knobs = _Knobs(value=np.float32(self.ess_threshold), ess_limit=np.float32(self.ess_threshold * self.num_particles),
-                       resampler=np.int32(list(RESAMPLERS).index(self.resampler)))
+        quiet, knobs = self.split_knobs()
         state = _init_jitted(quiet, key, experts, ensemble)
         if not self.progress:
             return _finish_jitted(_advance_jitted(quiet, knobs, state, experts, ensemble, np.int32(self.num_steps)))
@@ -542,6 +551,29 @@ class SMC:
             if active == 0:
                 break
         return _finish_jitted(state)
+
+    def split_knobs(self) -> tuple["SMC", "_Knobs"]:
+        """(this sampler with its run-time settings at fixed placeholders, those settings as
+        arrays): the compiled programs are keyed by the first alone, so a sweep over the
+        threshold, the resampler or the length limit within its bucket (`length_bucket`) reuses
+        them (`with_knobs` puts the values back, traced)."""
+        quiet = dataclasses.replace(self, progress=False, ess_threshold=1.0, resampler="multinomial",
+                                    max_length=length_bucket(self.max_length))
+        knobs = _Knobs(value=np.float32(self.ess_threshold), ess_limit=np.float32(self.ess_threshold * self.num_particles),
+                       resampler=np.int32(list(RESAMPLERS).index(self.resampler)), max_length=np.int32(self.max_length))
+        return quiet, knobs
+
+    def with_knobs(self, knobs: "_Knobs") -> "SMC":
+        """This sampler reading its threshold, resampler and length limit from `knobs` (traced values).
+
+        Parameters
+        ----------
+        knobs : _Knobs
+            The run-time settings (from `split_knobs`).
+        """
+        traced = copy.copy(self)
+        object.__setattr__(traced, "ess_threshold", knobs)  # past the checks of a Python number
+        return traced
 
     def result(
         self,
@@ -567,6 +599,8 @@ class SMC:
         problem = expert_failure(experts, state.expert_state)
         if problem is not None:
             raise problem
+        # A dispatched run's arrays are its length bucket wide; cut on the host (no program per L).
+        state = state._replace(symbols=np.asarray(state.symbols)[:, : self.max_length])
         stats = {"steps": int(state.step), **expert_stats(experts, state.expert_state)}
         result = SMCResult.from_state(state, method=self.method, decode=decode, stats=stats)
         if not allow_zero_weight and result.log_Z is not None and result.log_Z == -math.inf:
@@ -578,6 +612,22 @@ class SMC:
         if result.log_Z is None and not result.weights.sum() > 0:
             raise ZeroWeightError("every particle of the local sampler hit a symbol no expert allows")
         return result
+
+
+#: Length limits are rounded up to a multiple of this for the arrays' width (`length_bucket`).
+LENGTH_BUCKET = 16
+
+
+def length_bucket(max_length: int) -> int:
+    """The width of the arrays of a run up to `max_length` symbols: the next multiple of
+    `LENGTH_BUCKET`, so runs whose limits share it share their compiled programs.
+
+    Parameters
+    ----------
+    max_length : int
+        L.
+    """
+    return -(-max_length // LENGTH_BUCKET) * LENGTH_BUCKET
 
 
 def finish(state: SMCState) -> SMCState:
@@ -600,13 +650,12 @@ class _Knobs(NamedTuple):
     value: Float[Array, ""]  # ess_threshold
     ess_limit: Float[Array, ""]  # ess_threshold * M, rounded from the exact product
     resampler: Int[Array, ""] | None = None  # index into `RESAMPLERS`; None: the SMC's own
+    max_length: Int[Array, ""] | None = None  # L; None: the SMC's own (else its max_length is L's bucket)
 
 
 def _advance(smc: SMC, knobs: _Knobs, state: SMCState, experts: ExpertGroup, ensemble: Ensemble,
              stop: Int[Array, ""]) -> SMCState:
-    traced = copy.copy(smc)
-    object.__setattr__(traced, "ess_threshold", knobs)  # past the checks of a Python number
-    return traced.advance(state, experts, ensemble, stop)
+    return smc.with_knobs(knobs).advance(state, experts, ensemble, stop)
 
 
 _init_jitted = jax.jit(_init, static_argnums=0)

@@ -255,6 +255,41 @@ def test_resumable_runs_skip_existing_records(tmp_path):
     assert run_jobs(jobs, [0, 1, 2], reopened, again, progress=False) == 2  # only the new seed
 
 
+class BatchRunner(CountingRunner):
+    """CountingRunner that also runs batches, recording each batch's runs."""
+
+    def __init__(self):
+        super().__init__()
+        self.batches = []
+
+    def run_batch(self, runs, batch_size):
+        assert len(runs) <= batch_size and len({(j.task, j.method, j.f, j.num_particles) for j, _ in runs}) == 1
+        self.batches.append([job.key(seed) for job, seed in runs])
+        return [self(job)(seed) for job, seed in runs]
+
+
+def test_batched_runs_group_by_method_and_resume_like_single_runs(tmp_path):
+    """Batches hold the instances and seeds of one (task, method, f, M); the records and what a
+    rerun skips are those of one-at-a-time runs."""
+    jobs = plan({"word_sorting": [FakeInstance("x"), FakeInstance("y"), FakeInstance("z")]}, ["token", "local"],
+                ["product", "min"], [2])
+    single, batched = tmp_path / "single.jsonl", tmp_path / "batched.jsonl"
+    assert run_jobs(jobs, [0, 1], RecordStore(single, SETTINGS), CountingRunner(), progress=False) == 24
+    store = RecordStore(batched, SETTINGS)
+    store.append(record("x", "token", "product", 2, seed=0, task="word_sorting", settings=SETTINGS))
+    runner = BatchRunner()
+    assert run_jobs(jobs, [0, 1], store, runner, progress=False, batch_size=4) == 23
+    assert [len(b) for b in runner.batches] == [4, 1, 4, 2, 4, 2, 4, 2]  # 5 + 6 + 6 + 6 runs, by 4
+    assert ("word_sorting", "x", "token", "product", 2, 0) not in sum(runner.batches, [])
+    key = lambda r: r.key
+    assert sorted(RecordStore(batched, SETTINGS).records, key=key) == sorted(RecordStore(single, SETTINGS).records, key=key)
+    again = BatchRunner()
+    assert run_jobs(jobs, [0, 1, 2], RecordStore(batched, SETTINGS), again, progress=False, batch_size=4) == 12
+    assert all(key[-1] == 2 for batch in again.batches for key in batch)  # only the new seed
+    with pytest.raises(ValueError, match="run_batch"):
+        run_jobs(jobs, [3], RecordStore(batched, SETTINGS), CountingRunner(), progress=False, batch_size=4)
+
+
 def test_store_refuses_other_settings_and_duplicates(tmp_path):
     path = tmp_path / "runs.jsonl"
     store = RecordStore(path, {"max_length": 8})

@@ -213,14 +213,17 @@ def test_a_settings_sweep_on_a_tiny_model_compiles_nothing_new(tiny):
     experts = TokenExperts(model=model.paged(), prefixes=jax.tree.map(lambda *x: jnp.stack(x), *prefixes),
                            prompt_logits=jnp.stack(logits), eos_ids=(model.config.vocab_size - 1,), max_tokens=8)
     SMC(num_particles=6, max_length=8)(jax.random.key(0), experts, make_ensemble("product", 2))
-    sweep = [(1, "min", None, 0.9, False, 1.0), (2, 2.5, [0.2, 0.8], 0.9, False, 1.0), (3, "product", None, 0.5, False, 1.0),
-             (4, "mixture", [0.7, 0.3], 0.0, False, 1.0), (5, "product", None, 0.9, True, 1.0),
-             (6, "product", None, 0.9, False, 0.6), (7, "min", None, 0.5, False, 1.7)]
+    sweep = [(1, "min", None, 0.9, False, 1.0, 8), (2, 2.5, [0.2, 0.8], 0.9, False, 1.0, 8),
+             (3, "product", None, 0.5, False, 1.0, 8), (4, "mixture", [0.7, 0.3], 0.0, False, 1.0, 8),
+             (5, "product", None, 0.9, True, 1.0, 8), (6, "product", None, 0.9, False, 0.6, 8),
+             (7, "min", None, 0.5, False, 1.7, 8), (8, "product", None, 0.9, False, 1.0, 5)]
     with count_compilations() as compiled:
-        for seed, f, weights, threshold, progress, temperature in sweep:
-            smc = SMC(num_particles=6, max_length=8, ess_threshold=threshold, progress=progress)
-            smc(jax.random.key(seed), experts.replace(temperature=np.float32(temperature)), make_ensemble(f, 2, weights))
-    assert compiled.count == 0
+        for seed, f, weights, threshold, progress, temperature, max_length in sweep:
+            smc = SMC(num_particles=6, max_length=max_length, ess_threshold=threshold, progress=progress)
+            result = smc(jax.random.key(seed), experts.replace(temperature=np.float32(temperature)),
+                         make_ensemble(f, 2, weights))
+            assert result.symbols.shape == (6, max_length) and result.lengths.max() <= max_length
+    assert compiled.count == 0  # max_length 5 shares the arrays' width (16) with 8
     cooled = experts.replace(temperature=np.float32(0.6))
     want = token_logprobs(jnp.stack(logits), experts.eos_ids, 0.6)
     np.testing.assert_allclose(cooled.logprobs(cooled.init(3))[0], want, rtol=1e-6, atol=1e-6)

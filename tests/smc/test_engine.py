@@ -1,5 +1,6 @@
 """Engine behaviour: determinism, jit vs eager, no recompilation, results, clear errors."""
 
+import itertools
 import math
 
 import chex
@@ -104,29 +105,32 @@ def test_a_group_breaking_the_shape_contract_fails_at_the_boundary(overlapping_t
         SMC(num_particles=2, max_length=2)(jax.random.key(0), WrongAlphabet(), make_ensemble("product", 1), jit=False)
 
 
-def test_no_recompilation_across_keys_ensembles_thresholds_resamplers_and_progress(overlapping_tables):
+def test_no_recompilation_across_keys_ensembles_thresholds_resamplers_progress_and_lengths(overlapping_tables):
     SMC(num_particles=8, max_length=4)(jax.random.key(0), overlapping_tables, make_ensemble("product", 2))
     sweep = [("min", 0.5, "systematic"), ("mixture", 0.0, "multinomial"), (-1.0, 1.0, "residual"), (2.0, 0.9, "stratified"),
              ("max", 0.3, "multinomial")]
     with count_compilations() as counter:
         for i, (f, threshold, resampler) in enumerate(sweep):
-            smc = SMC(num_particles=8, max_length=4, ess_threshold=threshold, resampler=resampler, progress=i % 2 == 1)
-            smc(jax.random.key(i), overlapping_tables, make_ensemble(f, 2, [0.3, 0.7]))
+            smc = SMC(num_particles=8, max_length=4 - i % 2, ess_threshold=threshold, resampler=resampler,
+                      progress=i % 2 == 1)  # max_length 3 and 4 share one bucket
+            result = smc(jax.random.key(i), overlapping_tables, make_ensemble(f, 2, [0.3, 0.7]))
+            assert result.symbols.shape == (8, 4 - i % 2)
     assert counter.count == 0
 
 
 def test_a_run_time_threshold_resamples_as_a_static_one(overlapping_tables):
-    """The dispatched run (threshold and resampler as arguments) and the whole-loop program
-    (both compiled in) take the same steps, importance sampling (0), active-only pools and every
-    resampler included."""
+    """The dispatched run (threshold, resampler and length limit as arguments; arrays of the
+    limit's bucket width) and the whole-loop program (all compiled in) take the same steps,
+    importance sampling (0), active-only pools, every resampler and both length modes included."""
     from smc_jax.smc.engine import run_jitted
 
     ens = make_ensemble("product", 2, [0.4, 0.6])
     experts = ExpertStack(groups=overlapping_tables)
     cases = [(0.0, True, "multinomial"), (0.7, True, "multinomial"), (0.7, False, "multinomial"), (1.0, False, "systematic"),
              (0.9, True, "residual"), (1.0, True, "stratified"), (0.9, False, "residual")]
-    for threshold, finished, resampler in cases:
-        smc = SMC(num_particles=6, max_length=4, ess_threshold=threshold, resample_finished=finished, resampler=resampler)
+    for (threshold, finished, resampler), at in itertools.product(cases, ("eos", "truncate")):
+        smc = SMC(num_particles=6, max_length=4, ess_threshold=threshold, resample_finished=finished, resampler=resampler,
+                  at_max_length=at)
         got, want = smc(jax.random.key(2), experts, ens), run_jitted(smc, jax.random.key(2), experts, ens)
         np.testing.assert_array_equal(got.resampled, np.asarray(want.trace.resampled[: len(got.resampled)]))
         np.testing.assert_array_equal(got.log_weights, np.asarray(want.log_weights))

@@ -1,0 +1,273 @@
+"""Problems per second: many SMC problems one after another against the same problems run in
+batches (`EnsembleSampler.sample_problems`: one program over a problem axis, so every model
+call carries the rows of all the batch's particles).
+
+Workload: the constraint study's JSON setting. N JSON-Schema instances x S seeds (the first N
+instances whose schema compiles, drawn as `evaluation.load_instances("json", ...)` does), token
+SMC, SmolLM2-135M-Instruct under the task's prompt 1, the instance's schema as constraint, M = 8,
+max_length 48 with the forced EOS, ESS threshold 0.9.
+
+* sequential: one `EnsembleSampler` per instance (as the evaluation runner builds them), its seeds
+  one call each;
+* batched: one sampler, `sample_problems(prompts, seeds, constraints=schemas, batch_size=B)`.
+
+Each is run twice: the first pass includes compilation (what a study run meets: the sequential
+path compiles once per prompt and automaton bucket, the batched path once per batch shape), the
+second is warm. The warm rate's 95% interval comes from the spread of the per-problem (sequential)
+or per-batch (batched) seconds; the speed-up's interval combines both relative errors.
+`same_strings` counts problems whose particles' strings are equal on both paths (their weights
+agree to float32 rounding: the batched calls are larger, tests/test_sampler_real.py).
+
+Byte workload (`--workloads bytes`): ten cross-model problems, SmolLM2 x Gemma 3 at the byte
+level under ten different prompts (the same prompt for both models), the product, M = 10, 40
+bytes with the forced EOS, beam 5 / 0.05, seed 0: sequential (one sampler per prompt, as a user
+would build them) against batches of `--byte-batch-size` (2: each problem keeps its own context
+store, whose byte-level contexts hold sum trees of the vocabulary, 2 MB each for Gemma 3; a batch
+of ten asked for a 51 GB buffer on this 24 GB machine), and GenLM running the same ten problems
+concurrently, `asyncio.gather` over `direct_token_sampler(Product(p1, p2)).smc(...)` at its
+defaults (compare_genlm's GenLM side: its ByteLLM reads the prompt as bytes, smc_jax prefills
+the prompt's tokens; lengths, M and the sampled target's factors are the same).
+
+Writes benchmarks/results/throughput.{json,md}.
+Run: python -m benchmarks.throughput [--workloads json bytes] [--instances 20] [--seeds 3]
+[--batch-size 20] [--skip-genlm]
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import statistics
+import time
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from scipy import stats  # noqa: E402
+
+from benchmarks.common import save  # noqa: E402
+
+SETTINGS = dict(level="token", num_particles=8, max_length=48, ess_threshold=0.9, at_max_length="eos", temperature=1.0)
+
+
+def json_problems(count: int) -> list[tuple[object, object, object]]:
+    """(instance, prompt 1, constraint) of the first `count` JSON instances whose schema compiles."""
+    from evaluation import load_instances
+    from evaluation.methods import instance_constraint
+    from evaluation.tasks.registry import get_task
+
+    task = get_task("json")
+    chosen = []
+    for instance in load_instances("json", None):
+        try:
+            constraint = instance_constraint("json", instance)
+        except ValueError:  # a keyword the compiler refuses: skipped, as in the study
+            continue
+        chosen.append((instance, task.prompts(instance)[0], constraint))
+        if len(chosen) == count:
+            break
+    return chosen
+
+
+BYTE_PROMPTS = ("My favorite physicist is", "My favorite author is", "The capital of France is",
+                "A good name for a cat is", "The best way to learn is", "My favorite color is",
+                "The ocean is", "In the morning I", "The tallest mountain is", "A healthy breakfast is")
+BYTE_SETTINGS = dict(level="byte", num_particles=10, max_length=40, ess_threshold=0.9, at_max_length="eos",
+                     beam_width=5, prune_threshold=0.05)
+
+
+def byte_rows(skip_genlm: bool, size: int) -> tuple[list[dict], dict]:
+    """The byte workload's rows (sequential, batched, GenLM concurrent) and its facts."""
+    from benchmarks.compare_genlm import GENLM_PRODUCT
+    from smc_jax.models import load_model
+    from smc_jax.sampler import EnsembleSampler, Expert
+    from smc_jax.utils.compilation import count_compilations
+
+    smol, gemma = load_model("smollm2-135m-instruct"), load_model("gemma3-270m")
+    rows, texts, n = [], {}, len(BYTE_PROMPTS)
+    for label in ("first pass", "warm"):
+        per_problem, start = [], time.perf_counter()
+        with count_compilations() as compiled:
+            for prompt in BYTE_PROMPTS:
+                sampler = EnsembleSampler([Expert(smol, prompt), Expert(gemma, prompt)], f=GENLM_PRODUCT, **BYTE_SETTINGS)
+                t = time.perf_counter()
+                texts[("sequential", prompt)] = sampler(0).texts
+                per_problem.append(time.perf_counter() - t)
+        wall = time.perf_counter() - start
+        rate, half, _ = interval(per_problem, 1)
+        rows.append(dict(workload="bytes", path="sequential", pass_=label, problems=n, seconds=round(wall, 1),
+                         problems_per_s=n / wall, warm_rate=rate, warm_rate_ci95=half, compilations=compiled.count))
+        print(rows[-1], flush=True)
+    sampler = EnsembleSampler([Expert(smol, BYTE_PROMPTS[0]), Expert(gemma, BYTE_PROMPTS[0])], f=GENLM_PRODUCT,
+                              **BYTE_SETTINGS)
+    for label in ("first pass", "warm"):
+        start = time.perf_counter()
+        with count_compilations() as compiled:
+            results = sampler.sample_problems([[p, p] for p in BYTE_PROMPTS], 0, batch_size=size)
+        wall = time.perf_counter() - start
+        for prompt, result in zip(BYTE_PROMPTS, results):
+            texts[("batched", prompt)] = getattr(result, "texts", repr(result))
+        rows.append(dict(workload="bytes", path=f"batched (B = {size})", pass_=label, problems=n, seconds=round(wall, 1),
+                         problems_per_s=n / wall, compilations=compiled.count))
+        print(rows[-1], flush=True)
+    facts = dict(byte_same_strings=sum(texts[("sequential", p)] == texts[("batched", p)] for p in BYTE_PROMPTS))
+    if not skip_genlm:
+        rows.append(genlm_concurrent(smol, gemma))
+        print(rows[-1], flush=True)
+    return rows, facts
+
+
+def genlm_concurrent(smol, gemma) -> dict:
+    """GenLM: the ten byte problems at once, `asyncio.gather` over their `smc` calls, at its
+    defaults (models loaded first, untimed)."""
+    import asyncio
+
+    from genlm.control import direct_token_sampler
+    from genlm.control.potential import Product
+
+    from benchmarks.compare_genlm import Settings
+    from benchmarks.genlm_side import GenLM, byte_potentials
+    from smc_jax.sampler import Expert
+
+    genlm = GenLM(torch_threads=None)
+    settings = Settings(runs=1, max_tokens=BYTE_SETTINGS["max_length"] + 1)
+
+    async def all_problems(seed: int) -> float:
+        genlm.reset(seed)
+        samplers = []
+        for prompt in BYTE_PROMPTS:
+            p1, p2 = byte_potentials(genlm, [Expert(smol, prompt), Expert(gemma, prompt)], settings)()
+            samplers.append(direct_token_sampler(Product(p1, p2)))
+        start = time.perf_counter()
+        await asyncio.gather(*[s.smc(n_particles=BYTE_SETTINGS["num_particles"], ess_threshold=0.9,
+                                     max_tokens=settings.max_tokens, resampling_method="multinomial") for s in samplers])
+        return time.perf_counter() - start
+
+    wall = asyncio.run(all_problems(0))  # GenLM compiles nothing: its first run is its run
+    n = len(BYTE_PROMPTS)
+    return dict(workload="bytes", path="GenLM, asyncio.gather", pass_="first", problems=n, seconds=round(wall, 1),
+                problems_per_s=n / wall, **genlm.threads())
+
+
+def interval(seconds: list[float], problems_each: int) -> tuple[float, float, float]:
+    """(problems per second, its 95% interval's half-width, relative error) from timings of
+    calls that each solved `problems_each` problems."""
+    mean = statistics.fmean(seconds)
+    half = stats.t.ppf(0.975, len(seconds) - 1) * statistics.stdev(seconds) / math.sqrt(len(seconds)) if len(seconds) > 1 else math.nan
+    rate = problems_each / mean
+    return rate, rate * half / mean, half / mean
+
+
+def json_rows(instances: int, seeds: list[int], size: int) -> tuple[list[dict], dict]:
+    """The JSON workload's rows (sequential and batched, two passes each) and its facts."""
+    from smc_jax.models import load_model
+    from smc_jax.sampler import EnsembleSampler, Expert
+    from smc_jax.utils.compilation import count_compilations
+
+    smol = load_model("smollm2-135m-instruct")
+    problems = json_problems(instances)
+    jobs = [(i, seed) for i in range(len(problems)) for seed in seeds]
+    rows, texts, rel = [], {}, {}
+
+    for label in ("first pass", "warm"):
+        per_problem, start = [], time.perf_counter()
+        with count_compilations() as compiled:
+            for i, (_, prompt, constraint) in enumerate(problems):
+                sampler = EnsembleSampler([Expert(smol, prompt)], constraint=constraint, **SETTINGS)
+                for seed in seeds:
+                    t = time.perf_counter()
+                    texts[("sequential", i, seed)] = sampler(seed).texts
+                    per_problem.append(time.perf_counter() - t)
+        wall = time.perf_counter() - start
+        rate, half, rel[("sequential", label)] = interval(per_problem, 1)
+        rows.append(dict(workload="json", path="sequential", pass_=label, problems=len(jobs), seconds=round(wall, 1),
+                         problems_per_s=len(jobs) / wall, warm_rate=rate, warm_rate_ci95=half,
+                         compilations=compiled.count))
+        print(rows[-1], flush=True)
+
+    sampler = EnsembleSampler([Expert(smol, problems[0][1])], constraint=problems[0][2], **SETTINGS)
+    prompts = [[problems[i][1]] for i, _ in jobs]
+    constraints = [problems[i][2] for i, _ in jobs]
+    job_seeds = [seed for _, seed in jobs]
+    for label in ("first pass", "warm"):
+        per_batch, start = [], time.perf_counter()
+        with count_compilations() as compiled:
+            for at in range(0, len(jobs), size):
+                t = time.perf_counter()
+                results = sampler.sample_problems(prompts[at: at + size], job_seeds[at: at + size],
+                                                  constraints=constraints[at: at + size], batch_size=size)
+                per_batch.append(time.perf_counter() - t)
+                for (i, seed), result in zip(jobs[at: at + size], results):
+                    texts[("batched", i, seed)] = getattr(result, "texts", repr(result))
+        wall = time.perf_counter() - start
+        rate, half, rel[("batched", label)] = interval(per_batch, size)
+        rows.append(dict(workload="json", path=f"batched (B = {size})", pass_=label, problems=len(jobs),
+                         seconds=round(wall, 1), problems_per_s=len(jobs) / wall, warm_rate=rate, warm_rate_ci95=half,
+                         compilations=compiled.count))
+        print(rows[-1], flush=True)
+
+    seq, bat = rows[1], rows[3]
+    speedup = bat["warm_rate"] / seq["warm_rate"]
+    facts = dict(
+        json_speedup_warm=speedup,
+        # Relative half-widths of two independent rates add in quadrature (delta method).
+        json_speedup_warm_ci95=speedup * math.hypot(rel[("sequential", "warm")], rel[("batched", "warm")]),
+        json_speedup_first_pass=rows[2]["problems_per_s"] / rows[0]["problems_per_s"],
+        json_same_strings=f"{sum(texts[('sequential', i, s)] == texts[('batched', i, s)] for i, s in jobs)} of {len(jobs)}",
+        json_instances=len(problems), json_seeds=seeds, json_batch_size=size, json_settings=SETTINGS)
+    return rows, facts
+
+
+def keep_other_workloads(rows: list[dict], facts: dict, measured: list[str]) -> str | None:
+    """Adds the saved rows and facts of the workloads not measured now (each row keeps the date
+    and commit it was measured at); returns what was kept, for the notes."""
+    import json
+
+    from benchmarks.common import RESULTS
+
+    path = RESULTS / "throughput.json"
+    if not path.exists():
+        return None
+    saved = json.loads(path.read_text())
+    old = [row for row in saved["rows"] if row.get("workload") not in measured]
+    for row in old:
+        row.setdefault("measured", f"{saved['meta']['date']} at {saved['meta']['commit']}")
+    rows += old
+    prefixes = tuple(f"{prefix}_" for workload, prefix in (("json", "json"), ("bytes", "byte")) if workload not in measured)
+    facts |= {k: v for k, v in saved["meta"].items() if k.startswith(prefixes)}
+    return f"{len(old)} rows kept from the run of {saved['meta']['date']}" if old else None
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workloads", nargs="+", choices=("json", "bytes"), default=["json", "bytes"])
+    parser.add_argument("--instances", type=int, default=20)
+    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--batch-size", type=int, default=20)
+    parser.add_argument("--byte-batch-size", type=int, default=2,
+                        help="byte problems per batch: each problem's context store holds sum trees of the "
+                             "vocabularies (2 MB a context for Gemma 3), so ten at once need about 51 GB")
+    parser.add_argument("--skip-genlm", action="store_true")
+    args = parser.parse_args()
+
+    rows, facts = [], {}
+    if "json" in args.workloads:
+        more, known = json_rows(args.instances, list(range(args.seeds)), args.batch_size)
+        rows += more
+        facts |= known
+    if "bytes" in args.workloads:
+        more, known = byte_rows(args.skip_genlm, args.byte_batch_size)
+        rows += more
+        facts |= known | dict(byte_settings=BYTE_SETTINGS)
+    kept = keep_other_workloads(rows, facts, args.workloads)
+    notes = __doc__.split("\n\n", 1)[1].rsplit("\n\nWrites", 1)[0]
+    notes += "\n\n" + "\n".join(f"- {k}: {round(v, 3) if isinstance(v, float) else v}" for k, v in facts.items()
+                                 if k.endswith(("speedup_warm", "speedup_warm_ci95", "speedup_first_pass", "same_strings")))
+    if kept:
+        notes += f"\n- {kept} (column `measured`)"
+    print(save("throughput", rows, ["workload", "path", "pass_", "problems", "seconds", "problems_per_s", "warm_rate",
+                                    "warm_rate_ci95", "compilations", "measured"], facts, notes=notes))
+
+
+if __name__ == "__main__":
+    main()
