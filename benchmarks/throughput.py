@@ -250,16 +250,22 @@ def main() -> None:
     parser.add_argument("--skip-genlm", action="store_true")
     args = parser.parse_args()
 
-    rows, facts = [], {}
-    if "json" in args.workloads:
-        more, known = json_rows(args.instances, list(range(args.seeds)), args.batch_size)
+    rows, facts, done = [], {}, []
+    for workload in args.workloads:  # saved after each workload: a later failure keeps it
+        if workload == "json":
+            more, known = json_rows(args.instances, list(range(args.seeds)), args.batch_size)
+        else:
+            more, known = byte_rows(args.skip_genlm, args.byte_batch_size)
+            known |= dict(byte_settings=BYTE_SETTINGS)
         rows += more
         facts |= known
-    if "bytes" in args.workloads:
-        more, known = byte_rows(args.skip_genlm, args.byte_batch_size)
-        rows += more
-        facts |= known | dict(byte_settings=BYTE_SETTINGS)
-    kept = keep_other_workloads(rows, facts, args.workloads)
+        done.append(workload)
+        write(list(rows), dict(facts), done)
+
+
+def write(rows: list[dict], facts: dict, measured: list[str]) -> None:
+    """Saves the rows of the measured workloads with the kept rows of the others."""
+    kept = keep_other_workloads(rows, facts, measured)
     notes = __doc__.split("\n\n", 1)[1].rsplit("\n\nWrites", 1)[0]
     notes += "\n\n" + "\n".join(f"- {k}: {round(v, 3) if isinstance(v, float) else v}" for k, v in facts.items()
                                  if k.endswith(("speedup_warm", "speedup_warm_ci95", "speedup_first_pass", "same_strings")))
