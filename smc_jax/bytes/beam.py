@@ -125,9 +125,12 @@ class BeamConfig:
     log_threshold: Float[Array, ""] | None = None  # log(threshold), -inf for 0; set from it when None
 
     def __post_init__(self):
-        if self.log_threshold is None:
+        # Only for a config given numbers: pytree maps also rebuild it with specs, shapes or tracers.
+        if self.log_threshold is None and isinstance(self.threshold, (int, float, np.floating)):
             t = float(self.threshold)
             object.__setattr__(self, "log_threshold", np.float32(math.log(t) if t > 0 else -math.inf))
+        if isinstance(self.threshold, (int, float)):  # a leaf with a shape and dtype, like the others
+            object.__setattr__(self, "threshold", np.float32(self.threshold))
 
 
 def _lse(x: Array, axis) -> Array:
