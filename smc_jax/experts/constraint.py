@@ -343,7 +343,7 @@ def state_bucket(num_states: int) -> int:
     return max(MIN_STATE_BUCKET, 1 << (num_states - 1).bit_length())
 
 
-def pad_states(transitions: np.ndarray, accepting: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def pad_states(transitions: np.ndarray, accepting: np.ndarray, size: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """The automaton with unreachable, non-accepting states inserted before the dead state (still
     the last) up to `state_bucket` states, so automata of similar sizes give arrays of one shape and
     share a compiled sampler (as prompts share a prompt bucket). The language is unchanged: the
@@ -355,13 +355,18 @@ def pad_states(transitions: np.ndarray, accepting: np.ndarray) -> tuple[np.ndarr
         The next state of every state and symbol; S - 1 is the dead state.
     accepting : numpy.ndarray, shape [S]
         Accepting flags.
+    size : int, optional
+        P, at least S (default `state_bucket(S)`).
 
     Returns
     -------
     tuple of numpy.ndarray
-        The [P, A] table and [P] flags, P = state_bucket(S), dead state P - 1.
+        The [P, A] table and [P] flags, dead state P - 1.
     """
-    s, p = transitions.shape[0], state_bucket(transitions.shape[0])
+    s = transitions.shape[0]
+    p = state_bucket(s) if size is None else size
+    if p < s:
+        raise ValueError(f"cannot pad {s} states down to {p}")
     if p == s:
         return transitions, accepting
     table = np.full((p, transitions.shape[1]), p - 1, transitions.dtype)
@@ -461,15 +466,9 @@ class ConstraintExpert:
             At least `self.num_states`.
         """
         s = self.num_states
-        if num_states < s:
-            raise ValueError(f"cannot pad {s} states down to {num_states}")
         if num_states == s:
             return self
-        old = np.asarray(self.transitions)
-        transitions = np.full((num_states, old.shape[1]), num_states - 1, np.int32)
-        transitions[: s - 1] = np.where(old[: s - 1] == s - 1, num_states - 1, old[: s - 1])
-        accepting = np.zeros((num_states,), bool)
-        accepting[: s - 1] = np.asarray(self.accepting)[: s - 1]
+        transitions, accepting = pad_states(np.asarray(self.transitions), np.asarray(self.accepting), num_states)
         distance = np.asarray(self.distance)
         # The new states lead only to the dead state: as far from acceptance as it is.
         distance = np.concatenate([distance[: s - 1], np.full((num_states - s + 1,), distance[s - 1])])
