@@ -24,7 +24,7 @@ bytes with the forced EOS, beam 5 / 0.05, seed 0: sequential (one sampler per pr
 would build them) against batches of `--byte-batch-size` (2: each problem keeps its own context
 store, whose byte-level contexts hold sum trees of the vocabulary, 2 MB each for Gemma 3; a batch
 of ten asked for a 51 GB buffer on this 24 GB machine), and GenLM running the same ten problems
-concurrently, `asyncio.gather` over `direct_token_sampler(Product(p1, p2)).smc(...)` at its
+concurrently in a process of its own, `asyncio.gather` over `direct_token_sampler(Product(p1, p2)).smc(...)` at its
 defaults (compare_genlm's GenLM side: its ByteLLM reads the prompt as bytes, smc_jax prefills
 the prompt's tokens; lengths, M and the sampled target's factors are the same).
 
@@ -83,8 +83,12 @@ def byte_rows(skip_genlm: bool, size: int) -> tuple[list[dict], dict]:
     from smc_jax.sampler import EnsembleSampler, Expert
     from smc_jax.utils.compilation import count_compilations
 
+    # GenLM first, in its own process: its memory is returned before the JAX runs start.
+    rows = [] if skip_genlm else [genlm_concurrent()]
+    if rows:
+        print(rows[-1], flush=True)
     smol, gemma = load_model("smollm2-135m-instruct"), load_model("gemma3-270m")
-    rows, texts, n = [], {}, len(BYTE_PROMPTS)
+    texts, n = {}, len(BYTE_PROMPTS)
     for label in ("first pass", "warm"):
         per_problem, start = [], time.perf_counter()
         with count_compilations() as compiled:
@@ -111,24 +115,45 @@ def byte_rows(skip_genlm: bool, size: int) -> tuple[list[dict], dict]:
                          problems_per_s=n / wall, compilations=compiled.count))
         print(rows[-1], flush=True)
     facts = dict(byte_same_strings=sum(texts[("sequential", p)] == texts[("batched", p)] for p in BYTE_PROMPTS))
-    if not skip_genlm:
-        rows.append(genlm_concurrent(smol, gemma))
-        print(rows[-1], flush=True)
+    warm = {row["path"].split(" ")[0]: row["problems_per_s"] for row in rows if row["pass_"] == "warm"}
+    facts["byte_speedup_warm"] = warm["batched"] / warm["sequential"]
+    genlm = [row for row in rows if row["path"].startswith("GenLM") and "problems_per_s" in row]
+    if genlm:  # the better smc_jax path, warm, against GenLM's concurrent run
+        facts["byte_vs_genlm_concurrent_speedup_warm"] = max(warm.values()) / genlm[0]["problems_per_s"]
     return rows, facts
 
 
-def genlm_concurrent(smol, gemma) -> dict:
+def genlm_concurrent() -> dict:
+    """GenLM's row, measured in a process of its own (`--genlm-side`): alone, with no JAX
+    program or buffer beside it. A crash, for example for memory, is the row's result."""
+    import json
+    import subprocess
+    import sys
+
+    n = len(BYTE_PROMPTS)
+    done = subprocess.run([sys.executable, "-m", "benchmarks.throughput", "--genlm-side"], capture_output=True, text=True)
+    if done.returncode == 0:
+        return json.loads(done.stdout.strip().splitlines()[-1])
+    print(done.stderr[-2000:], flush=True)
+    return dict(workload="bytes", path="GenLM, asyncio.gather", pass_="first", problems=n,
+                seconds=f"failed (exit status {done.returncode})")
+
+
+def genlm_side() -> dict:
     """GenLM: the ten byte problems at once, `asyncio.gather` over their `smc` calls, at its
-    defaults (models loaded first, untimed)."""
+    defaults (models loaded first, untimed); its peak resident memory too."""
     import asyncio
+    import resource
 
     from genlm.control import direct_token_sampler
     from genlm.control.potential import Product
 
     from benchmarks.compare_genlm import Settings
     from benchmarks.genlm_side import GenLM, byte_potentials
+    from smc_jax.models import load_model
     from smc_jax.sampler import Expert
 
+    smol, gemma = load_model("smollm2-135m-instruct"), load_model("gemma3-270m")
     genlm = GenLM(torch_threads=None)
     settings = Settings(runs=1, max_tokens=BYTE_SETTINGS["max_length"] + 1)
 
@@ -146,7 +171,8 @@ def genlm_concurrent(smol, gemma) -> dict:
     wall = asyncio.run(all_problems(0))  # GenLM compiles nothing: its first run is its run
     n = len(BYTE_PROMPTS)
     return dict(workload="bytes", path="GenLM, asyncio.gather", pass_="first", problems=n, seconds=round(wall, 1),
-                problems_per_s=n / wall, **genlm.threads())
+                problems_per_s=n / wall, peak_rss_gb=round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 1),
+                **genlm.threads())
 
 
 def interval(seconds: list[float], problems_each: int) -> tuple[float, float, float]:
@@ -248,7 +274,13 @@ def main() -> None:
                         help="byte problems per batch: each problem's context store holds sum trees of the "
                              "vocabularies (2 MB a context for Gemma 3), so ten at once need about 51 GB")
     parser.add_argument("--skip-genlm", action="store_true")
+    parser.add_argument("--genlm-side", action="store_true", help="(internal) print GenLM's byte row as JSON")
     args = parser.parse_args()
+    if args.genlm_side:
+        import json
+
+        print(json.dumps(genlm_side()))
+        return
 
     rows, facts, done = [], {}, []
     for workload in args.workloads:  # saved after each workload: a later failure keeps it
@@ -272,7 +304,7 @@ def write(rows: list[dict], facts: dict, measured: list[str]) -> None:
     if kept:
         notes += f"\n- {kept} (column `measured`)"
     print(save("throughput", rows, ["workload", "path", "pass_", "problems", "seconds", "problems_per_s", "warm_rate",
-                                    "warm_rate_ci95", "compilations", "measured"], facts, notes=notes))
+                                    "warm_rate_ci95", "compilations", "peak_rss_gb", "measured"], facts, notes=notes))
 
 
 if __name__ == "__main__":
