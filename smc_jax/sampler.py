@@ -29,7 +29,7 @@ from jax.sharding import Mesh
 from smc_jax.bytes.vocab import token_byte_strings
 from smc_jax.experts.byte import ByteExperts, ByteLogprob, byte_logprob, byte_vocabulary
 from smc_jax.smc.ensemble import Ensemble, constrained, make_ensemble
-from smc_jax.experts.constraint import Automaton
+from smc_jax.experts.constraint import NO_HORIZON, Automaton
 from smc_jax.experts.base import ExpertStack
 from smc_jax.experts.token import TokenExperts
 from smc_jax.models.contexts import ContextStoreOverflowError
@@ -326,7 +326,7 @@ class EnsembleSampler:
     def _read_constraints(self, automata: Sequence[Automaton]) -> list:
         """`automata` as experts over the sampler's alphabet (see `constraint_experts`)."""
         # Under a forced EOS, strings end by max_length: viability looks that far only.
-        horizon = self.settings.max_length if self.settings.at_max_length == "eos" else None
+        horizon = self.settings.max_length if self.settings.at_max_length == "eos" else NO_HORIZON
         if self.settings.level == "byte":
             return [c.byte_expert(horizon) for c in automata]
         model = self.experts[0].model

@@ -192,9 +192,10 @@ def test_a_batch_of_problems_gives_each_problem_its_own_run(smol):
     assert resampled > 0
 
 
-def test_a_byte_level_sweep_of_prune_threshold_and_max_length_compiles_nothing(smol):
-    """The prune threshold is a run-time value of the byte experts, and max_length one within its
-    bucket (the arrays are 16 wide for 6 and 8): new samplers with either reuse the programs."""
+def test_a_byte_level_sweep_of_prune_threshold_max_length_and_mode_compiles_nothing(smol):
+    """The prune threshold is a run-time value of the byte experts, max_length one within its
+    bucket (the arrays are 16 wide for 6 and 8) and at_max_length a run-time flag: new samplers
+    with any of them reuse the programs."""
     from smc_jax.utils.compilation import count_compilations
 
     common = dict(level="byte", num_particles=4, ess_threshold=0.9)
@@ -202,6 +203,9 @@ def test_a_byte_level_sweep_of_prune_threshold_and_max_length_compiles_nothing(s
     with count_compilations() as compiled:
         pruned = EnsembleSampler([Expert(smol, PHYSICIST)], max_length=8, prune_threshold=0.2, **common)(1)
         shorter = EnsembleSampler([Expert(smol, PHYSICIST)], max_length=6, **common)(2)
+        cut = EnsembleSampler([Expert(smol, PHYSICIST)], max_length=6, at_max_length="truncate", **common)(2)
     assert compiled.count == 0
-    assert pruned.symbols.shape == (4, 8) and shorter.symbols.shape == (4, 6)
+    assert pruned.symbols.shape == (4, 8) and shorter.symbols.shape == cut.symbols.shape == (4, 6)
     assert shorter.lengths.max() <= 6 and shorter.finished.any()  # strings end by 6 bytes (forced EOS)
+    # Truncated, no particle reads the forced EOS: those at the limit stop unfinished.
+    assert not cut.finished[cut.lengths == 6].any() and (cut.lengths == 6).any()

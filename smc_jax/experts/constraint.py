@@ -75,6 +75,9 @@ def coreachable(successors: np.ndarray, targets: np.ndarray) -> np.ndarray:
 
 #: Distance of states from which no accepting state is reachable (the dead state).
 UNREACHABLE = 2**30
+#: A horizon no string reaches: the mask of no horizon (None), but as a value, so a sampler that
+#: switches between a forced EOS and truncation keeps its program.
+NO_HORIZON = int(np.iinfo(np.int32).max)
 
 
 def distance_to_accept(successors: np.ndarray, accepting: np.ndarray) -> np.ndarray:

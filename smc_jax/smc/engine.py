@@ -139,9 +139,18 @@ class SMC:
         return self.max_length if knob is None else knob
 
     @property
+    def forces_eos(self) -> bool | Bool[Array, ""]:
+        """Whether EOS is forced at the limit (`at_max_length == "eos"`), as the step reads it:
+        in a dispatched run the run-time value (`_Knobs.forces_eos`; the program then holds both
+        modes' code and `num_steps` is the eos mode's)."""
+        knob = getattr(self.ess_threshold, "forces_eos", None)
+        return self.at_max_length == "eos" if knob is None else knob
+
+    @property
     def step_limit(self) -> int | Int[Array, ""]:
         """`num_steps` as the step reads it (see `limit`)."""
-        return self.limit + (1 if self.at_max_length == "eos" else 0)
+        forces = self.forces_eos
+        return self.limit + (forces.astype(jnp.int32) if isinstance(forces, jax.Array) else int(forces))
 
     # ---------------------------------------------------------------- pure functions
 
@@ -236,9 +245,10 @@ class SMC:
         ESS is low) and `record` (the trace row of this step).
         """
         key, key_sample, key_resample = jax.random.split(state.key, 3)
-        if self.at_max_length == "eos":
+        forces_eos = self.forces_eos
+        if forces_eos is not False:
             # At the limit EOS must be read: an expert that gives it 0 may heal it (byte beams).
-            forced = (state.step >= self.limit) & ~state.done
+            forced = (state.step >= self.limit) & ~state.done & forces_eos
             state = state._replace(expert_state=expert_heal_eos(experts, state.expert_state, forced))
         logp = experts.logprobs(state.expert_state)
         # The expert-group contract at the engine's boundary (static shapes: no run-time cost).
@@ -315,7 +325,8 @@ class SMC:
         write = extend[:, None] & (jnp.arange(state.symbols.shape[1])[None, :] == state.lengths[:, None])
         # Truncated at L, nothing reads the experts after the last step: skip their advance there
         # (for a language model, a call whose next-token distribution nobody would use).
-        read_on = extend & (state.step + 1 < self.limit) if self.at_max_length == "truncate" else extend
+        forces_eos = self.forces_eos
+        read_on = extend if forces_eos is True else extend & ((state.step + 1 < self.limit) | forces_eos)
         return state._replace(
             symbols=jnp.where(write, symbols[:, None], state.symbols),
             lengths=state.lengths + extend.astype(jnp.int32),
@@ -555,16 +566,18 @@ class SMC:
     def split_knobs(self) -> tuple["SMC", "_Knobs"]:
         """(this sampler with its run-time settings at fixed placeholders, those settings as
         arrays): the compiled programs are keyed by the first alone, so a sweep over the
-        threshold, the resampler or the length limit within its bucket (`length_bucket`) reuses
-        them (`with_knobs` puts the values back, traced)."""
+        threshold, the resampler, the length limit within its bucket (`length_bucket`) or
+        `at_max_length` reuses them (`with_knobs` puts the values back, traced)."""
         quiet = dataclasses.replace(self, progress=False, ess_threshold=1.0, resampler="multinomial",
-                                    max_length=length_bucket(self.max_length))
+                                    max_length=length_bucket(self.max_length), at_max_length="eos")
         knobs = _Knobs(value=np.float32(self.ess_threshold), ess_limit=np.float32(self.ess_threshold * self.num_particles),
-                       resampler=np.int32(list(RESAMPLERS).index(self.resampler)), max_length=np.int32(self.max_length))
+                       resampler=np.int32(list(RESAMPLERS).index(self.resampler)), max_length=np.int32(self.max_length),
+                       forces_eos=np.bool_(self.at_max_length == "eos"))
         return quiet, knobs
 
     def with_knobs(self, knobs: "_Knobs") -> "SMC":
-        """This sampler reading its threshold, resampler and length limit from `knobs` (traced values).
+        """This sampler reading its threshold, resampler, length limit and forced EOS from `knobs`
+        (traced values).
 
         Parameters
         ----------
@@ -651,6 +664,7 @@ class _Knobs(NamedTuple):
     ess_limit: Float[Array, ""]  # ess_threshold * M, rounded from the exact product
     resampler: Int[Array, ""] | None = None  # index into `RESAMPLERS`; None: the SMC's own
     max_length: Int[Array, ""] | None = None  # L; None: the SMC's own (else its max_length is L's bucket)
+    forces_eos: Bool[Array, ""] | None = None  # at_max_length == "eos"; None: the SMC's own
 
 
 def _advance(smc: SMC, knobs: _Knobs, state: SMCState, experts: ExpertGroup, ensemble: Ensemble,

@@ -93,6 +93,21 @@ def test_automata_are_minimal():
     assert len(set(signatures)) == auto.num_states
 
 
+def test_no_horizon_as_a_value_masks_as_no_horizon():
+    """`NO_HORIZON` (what a truncating sampler passes, so that switching modes keeps the
+    program) allows exactly what `horizon=None` allows, in every state at every length."""
+    from smc_jax.experts.constraint import NO_HORIZON, ConstraintState
+
+    tokens = [b"a", b"b", b"ab", b"ba", b"c"]
+    none = regex(PATTERN).token_expert(tokens, horizon=None)
+    value = regex(PATTERN).token_expert(tokens, horizon=NO_HORIZON)
+    states, lengths = np.meshgrid(np.arange(none.num_states), [0, 1, 7, 1000])
+    state = ConstraintState(state=states.ravel().astype(np.int32), length=lengths.ravel().astype(np.int32))
+    want, got = np.asarray(none.logprobs(state)), np.asarray(value.logprobs(state))
+    np.testing.assert_array_equal(got, want)
+    assert np.isfinite(want).any() and not np.isfinite(want).all()  # a mask with both kinds
+
+
 def test_token_tables_are_built_once_per_automaton_and_vocabulary(monkeypatch):
     from smc_jax.experts import constraint as ce
 

@@ -105,22 +105,29 @@ def test_a_group_breaking_the_shape_contract_fails_at_the_boundary(overlapping_t
         SMC(num_particles=2, max_length=2)(jax.random.key(0), WrongAlphabet(), make_ensemble("product", 1), jit=False)
 
 
-def test_no_recompilation_across_keys_ensembles_thresholds_resamplers_progress_and_lengths(overlapping_tables):
+def test_no_recompilation_across_keys_ensembles_thresholds_resamplers_progress_lengths_and_modes(overlapping_tables):
     SMC(num_particles=8, max_length=4)(jax.random.key(0), overlapping_tables, make_ensemble("product", 2))
     sweep = [("min", 0.5, "systematic"), ("mixture", 0.0, "multinomial"), (-1.0, 1.0, "residual"), (2.0, 0.9, "stratified"),
              ("max", 0.3, "multinomial")]
     with count_compilations() as counter:
         for i, (f, threshold, resampler) in enumerate(sweep):
+            at = ("eos", "truncate")[i // 2 % 2]
             smc = SMC(num_particles=8, max_length=4 - i % 2, ess_threshold=threshold, resampler=resampler,
-                      progress=i % 2 == 1)  # max_length 3 and 4 share one bucket
+                      progress=i % 2 == 1, at_max_length=at)  # max_length 3 and 4 share one bucket
             result = smc(jax.random.key(i), overlapping_tables, make_ensemble(f, 2, [0.3, 0.7]))
             assert result.symbols.shape == (8, 4 - i % 2)
+            # A forced EOS finishes every live particle; truncation stops those at the limit unfinished.
+            if at == "eos":
+                assert result.finished[result.weights > 0].all()
+            else:
+                assert not result.finished[result.lengths == smc.max_length].any()
+            assert result.num_steps <= smc.num_steps
     assert counter.count == 0
 
 
 def test_a_run_time_threshold_resamples_as_a_static_one(overlapping_tables):
-    """The dispatched run (threshold, resampler and length limit as arguments; arrays of the
-    limit's bucket width) and the whole-loop program (all compiled in) take the same steps,
+    """The dispatched run (threshold, resampler, length limit and forced EOS as arguments; arrays
+    of the limit's bucket width) and the whole-loop program (all compiled in) take the same steps,
     importance sampling (0), active-only pools, every resampler and both length modes included."""
     from smc_jax.smc.engine import run_jitted
 
@@ -135,6 +142,9 @@ def test_a_run_time_threshold_resamples_as_a_static_one(overlapping_tables):
         np.testing.assert_array_equal(got.resampled, np.asarray(want.trace.resampled[: len(got.resampled)]))
         np.testing.assert_array_equal(got.log_weights, np.asarray(want.log_weights))
         np.testing.assert_array_equal(got.symbols, np.asarray(want.symbols))
+        np.testing.assert_array_equal(got.lengths, np.asarray(want.lengths))
+        np.testing.assert_array_equal(got.finished, np.asarray(want.eos))
+        assert got.num_steps == int(want.step)
 
 
 def test_result_fields_and_posterior(overlapping_tables):
