@@ -94,6 +94,21 @@ def markdown_table(rows: Sequence[dict[str, Any]], columns: Sequence[str]) -> st
     return "\n".join(lines)
 
 
+def kept_rows(name: str, remeasured: Callable[[dict[str, Any]], bool]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """The rows of results/<name>.json that this run does not measure again (`remeasured(row)`
+    False), each with `measured` (the date and commit of the run that measured it), and that
+    run's meta; ([], {}) without a saved file. A script that reruns part of its cases keeps the
+    rest this way."""
+    path = RESULTS / f"{name}.json"
+    if not path.exists():
+        return [], {}
+    saved = json.loads(path.read_text())
+    old = [dict(row) for row in saved["rows"] if not remeasured(row)]
+    for row in old:
+        row.setdefault("measured", f"{saved['meta']['date']} at {saved['meta']['commit']}")
+    return old, saved["meta"]
+
+
 def save(name: str, rows: Sequence[dict[str, Any]], columns: Sequence[str], meta: dict[str, Any], notes: str = "",
          appendix: str = "", directory: Path | str = RESULTS, extra: dict[str, Any] | None = None) -> str:
     """Writes <directory>/<name>.json (meta: the run's date, commit and machine, then `meta`; the

@@ -6,15 +6,16 @@ from process start to the first printed sample, with the XLA compilations the pr
 
 * cold: `smc-jax sample --max-length L` with an empty compilation cache (and program store);
 * warm: the same command in a second process (the cache filled by the first);
-* sweep: one Python process through seven runs in turn: the demo, then ess_threshold 0.5,
-  temperature 0.8, tau 2.5, weights (0.3, 0.7), max_length L - 2 and seed 1, each a new
-  `EnsembleSampler` (seconds and compilations per setting);
+* sweep: one Python process through eight runs in turn: the demo, then ess_threshold 0.5,
+  temperature 0.8, tau 2.5, weights (0.3, 0.7), max_length L - 2, at_max_length "truncate" and
+  seed 1, each a new `EnsembleSampler` (seconds and compilations per setting);
 * GenLM: a fresh process that loads the same GGUF files (transformers, float32, GenLM's
   AsyncTransformer), builds `ByteLLM` potentials (beam 5, threshold 0.05, the prompt read as
   bytes) and runs `direct_token_sampler(Product(p1, p2)).smc(10 particles, ESS 0.9,
   max_tokens L + 1)` at its defaults.
 
-Writes benchmarks/results/first_sample.{json,md}.
+Writes benchmarks/results/first_sample.{json,md}; rows of lengths (or of GenLM) not measured in a
+run are kept from the saved file, with the date and commit they were measured at.
 Run: python -m benchmarks.first_sample [--lengths 40 64] [--sweep-length 40] [--skip-genlm]
 """
 
@@ -33,7 +34,7 @@ from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from benchmarks.common import ROOT, save
+from benchmarks.common import ROOT, kept_rows, save
 
 MODELS = ("smollm2-135m-instruct", "gemma3-270m")
 PROMPT = "My favorite physicist is"
@@ -66,7 +67,8 @@ smol, gemma = load_model("smollm2-135m-instruct"), load_model("gemma3-270m")
 experts = [(smol, {prompt!r}), (gemma, {prompt!r})]
 settings = [("demo", {{}}, 0), ("ess_threshold 0.5", dict(ess_threshold=0.5), 0), ("temperature 0.8", dict(temperature=0.8), 0),
             ("tau 2.5", dict(f=2.5), 0), ("weights (0.3, 0.7)", dict(weights=[0.3, 0.7]), 0),
-            ("max_length L - 2", dict(max_length=length - 2), 0), ("seed 1", {{}}, 1)]
+            ("max_length L - 2", dict(max_length=length - 2), 0), ("at_max_length truncate", dict(at_max_length="truncate"), 0),
+            ("seed 1", {{}}, 1)]
 rows = []
 for name, change, seed in settings:
     options = dict(dict(f="product", max_length=length), **change)
@@ -174,7 +176,11 @@ def main() -> None:
                 rows.append({"tool": "GenLM", "case": "fresh process", "bytes": length, "seconds": got["first_output_s"],
                              "models_loaded_s": got.get("models_loaded_s"), "sample": clean(got["stdout"].strip().strip("'\""))})
                 print(rows[-1], flush=True)
-    columns = ["tool", "case", "bytes", "seconds", "compilations", "cache_hits", "cache_misses", "models_loaded_s", "sample"]
+    old, _ = kept_rows("first_sample", lambda row: row["bytes"] in args.lengths
+                       and (row["tool"] != "GenLM" or not args.skip_genlm))
+    rows += old
+    columns = ["tool", "case", "bytes", "seconds", "compilations", "cache_hits", "cache_misses", "models_loaded_s", "sample",
+               "measured"]
     notes = ("Wall seconds from process start to the first printed sample (smc_jax: the first table row of "
              "`smc-jax sample`, its progress bar on; sweep: seconds of each setting's call in one process, "
              "a new sampler each). compilations: XLA compilations in the process (the sweep: in that call); "

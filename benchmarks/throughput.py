@@ -46,7 +46,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from scipy import stats  # noqa: E402
 
-from benchmarks.common import save  # noqa: E402
+from benchmarks.common import kept_rows, save  # noqa: E402
 
 SETTINGS = dict(level="token", num_particles=8, max_length=48, ess_threshold=0.9, at_max_length="eos", temperature=1.0)
 
@@ -259,21 +259,11 @@ def json_rows(instances: int, seeds: list[int], size: int) -> tuple[list[dict], 
 def keep_other_workloads(rows: list[dict], facts: dict, measured: list[str]) -> str | None:
     """Adds the saved rows and facts of the workloads not measured now (each row keeps the date
     and commit it was measured at); returns what was kept, for the notes."""
-    import json
-
-    from benchmarks.common import RESULTS
-
-    path = RESULTS / "throughput.json"
-    if not path.exists():
-        return None
-    saved = json.loads(path.read_text())
-    old = [row for row in saved["rows"] if row.get("workload") not in measured]
-    for row in old:
-        row.setdefault("measured", f"{saved['meta']['date']} at {saved['meta']['commit']}")
+    old, meta = kept_rows("throughput", lambda row: row.get("workload") in measured)
     rows += old
     prefixes = tuple(f"{prefix}_" for workload, prefix in (("json", "json"), ("bytes", "byte")) if workload not in measured)
-    facts |= {k: v for k, v in saved["meta"].items() if k.startswith(prefixes)}
-    return f"{len(old)} rows kept from the run of {saved['meta']['date']}" if old else None
+    facts |= {k: v for k, v in meta.items() if k.startswith(prefixes)}
+    return f"{len(old)} rows kept from the run of {meta['date']}" if old else None
 
 
 def main() -> None:

@@ -327,7 +327,8 @@ def main() -> None:
         f"decoding (mask, renormalize, weights ignored); {get_method(methods[2]).label} = global (the constraint a "
         f"factor of the SMC target, resampling at ESS < {args.ess_threshold} M); {get_method(methods[3]).label} = the same without resampling. Byte level left out (about 400 s a "
         f"run on CPU). Load average at the end {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores. Wall time of this invocation {wall:.0f} s "
-        f"({new} new runs); sum of recorded sampler-call times {sum(r.seconds for r in records):.0f} s. "
+        f"({new} new runs{f', {args.batch_size} problems per program' if args.batch_size else ', one at a time'}); "
+        f"sum of recorded sampler-call times {sum(r.seconds for r in records):.0f} s. "
         f"Plot: {png.name}."
     )
     appendix = "\n\n".join([
