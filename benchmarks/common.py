@@ -40,10 +40,12 @@ def cpu_model() -> dict[str, Any]:
 
 def commit() -> str:
     """`git rev-parse HEAD` of this checkout, with "-dirty" when `git status --porcelain` lists
-    changes; "unknown" without git or outside a repository."""
+    changes outside the result folders; "unknown" without git or outside a repository."""
     try:
         head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True)
-        status = subprocess.run(["git", "status", "--porcelain"], cwd=ROOT, capture_output=True, text=True, check=True)
+        # Result files are left out: a script that saves more than once would mark itself.
+        status = subprocess.run(["git", "status", "--porcelain", "--", ".", ":!benchmarks/results", ":!evaluation/results"],
+                                cwd=ROOT, capture_output=True, text=True, check=True)
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
     return head.stdout.strip() + ("-dirty" if status.stdout.strip() else "")
