@@ -75,8 +75,10 @@ for name, change, seed in settings:
     t = time.perf_counter()
     with count_compilations() as compiles:
         result = EnsembleSampler(experts, **options)(seed)
+    key = result.posterior()[0][0]
+    text = key if isinstance(key, str) else key[0]  # an unfinished string's key is (text, "unfinished")
     rows.append(dict(setting=name, seconds=time.perf_counter() - t, compilations=compiles.count,
-                     since_start=time.perf_counter() - start, sample=result.posterior()[0][0][:40]))
+                     since_start=time.perf_counter() - start, sample=text[:40]))
     print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
 print(json.dumps(rows))
 """
@@ -134,9 +136,12 @@ def clean(text: str) -> str:
 
 
 def first_sample_line(stdout: str) -> str:
-    """The first particle row of `smc-jax sample`'s output (weight, finished, text: the heaviest)."""
-    rows = [line.strip() for line in stdout.splitlines() if re.match(r"\s+\d", line)]
-    return clean(" ".join(rows[0].split()) if rows else stdout.strip())
+    """The first particle row of `smc-jax sample`'s output (weight, finished, text: the heaviest):
+    the line after the table's header."""
+    lines = stdout.splitlines()
+    header = [i for i, line in enumerate(lines) if re.match(r"\s+weight\s+done\s+text", line)]
+    row = lines[header[0] + 1] if header and header[0] + 1 < len(lines) else stdout.strip()
+    return clean(" ".join(row.split()))
 
 
 def main() -> None:
