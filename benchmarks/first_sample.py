@@ -28,6 +28,7 @@ import re
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -119,9 +120,17 @@ def timed_process(argv: list[str], env: dict[str, str]) -> dict[str, Any]:
     last stderr line parsed as JSON when it is JSON."""
     start = time.perf_counter()
     child = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # stderr drained beside (a progress bar would fill its pipe); stdout read through one buffered
+    # reader (`communicate` after `readline` would skip the lines already buffered).
+    errors: list[str] = []
+    drain = threading.Thread(target=lambda: errors.append(child.stderr.read()))
+    drain.start()
     first = child.stdout.readline()
     first_s = time.perf_counter() - start
-    rest, err = child.communicate()
+    rest = child.stdout.read()
+    child.wait()
+    drain.join()
+    err = errors[0] if errors else ""
     total = time.perf_counter() - start
     if child.returncode:
         raise RuntimeError(f"{argv[:4]} failed ({child.returncode}):\n{err[-3000:]}")
