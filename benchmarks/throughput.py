@@ -142,7 +142,8 @@ def genlm_concurrent(group: int) -> dict:
     if done.returncode == 0:
         return json.loads(done.stdout.strip().splitlines()[-1])
     print(done.stderr[-2000:], flush=True)
-    killed = " (SIGKILL: out of memory)" if done.returncode == -9 else ""
+    # SIGKILL is what the kernel's out-of-memory killer sends; its log (dmesg) names the process.
+    killed = " (SIGKILL: out of memory?)" if done.returncode == -9 else ""
     return dict(workload="bytes", path=path, pass_="first", problems=n,
                 seconds=f"failed (exit status {done.returncode}{killed})")
 
