@@ -1,17 +1,20 @@
-"""Scoring many (prompt, continuation) pairs as byte strings, compiled once per length bucket.
+"""Scoring many (prompt, continuation) pairs as byte strings, with a few programs per model.
 
 A sampler built per call would hold the continuation's exact length and the prompt's cache as
-constants of its program, so every call would compile anew (15-21 s and ~3,000 new memory
-mappings each on CPU). A `ByteScorer` instead
+constants of its program, so every call would compile anew. A `ByteScorer` instead
 
-* treats prompts and continuations as data: prompt caches are prefilled into padded buckets
-  (`prompt_bucket`) and continuations padded to a power-of-two number of bytes (at least
-  MIN_LENGTH_BUCKET), so one program serves every pair of the same (batch, prompt bucket,
-  length bucket); the programs compiled are at most #length buckets x #prompt buckets x
-  #batch sizes (x capacity scales, which only grow on a context-store overflow);
+* treats prompts and continuations as data. Prompts are prefilled into caches of
+  PROMPT_BUCKET * PROMPT_GROWTH^k tokens (`prompt_size`), and a continuation is read
+  CHUNK_BYTES at a time by one program (`_read`), the beams' state carried from run to run, so
+  its length does not change the program (only the stores' token capacity does, in powers of
+  two from MIN_TOKEN_BUCKET). Compiled per model: a prefill, a start state and `_read` per
+  (batch size, prompt size, token capacity), and capacity scales only grow on an overflow;
+* keeps `_read` small: a call site of the model reads its rows ROW_CHUNK at a time
+  (`ByteExperts.row_chunk`), so the program holds one forward per call site, and a
+  position's next-byte distributions come first in its step, so starting needs no model call;
 * scores N pairs at once as N experts of one byte-level group (`ByteExperts` with K = N
-  prompts): one `lax.scan` over bytes, each byte step one model call batched over the pairs;
-  a short last chunk is padded with empty continuations;
+  prompts): each byte step's model calls are batched over the pairs; a short last chunk of
+  pairs is padded with empty continuations;
 * owns its compiled programs (its own `jax.jit`): `scorer_for` keeps at most MAX_SCORERS
   scorers per model (least recently used dropped) in a weak dictionary keyed by the model, so
   programs that can no longer be used are released with their scorer or their model.
@@ -25,20 +28,28 @@ from __future__ import annotations
 import weakref
 from collections import OrderedDict
 from collections.abc import Sequence
-from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from smc_jax.bytes.beam import EOS_BYTE
-from smc_jax.experts.byte import ByteExperts, ByteLogprob, byte_vocabulary
+from smc_jax.experts.byte import ByteExperts, ByteExpertState, ByteLogprob, byte_vocabulary
 from smc_jax.models.contexts import ContextStoreOverflowError
 from smc_jax.models.lm import LanguageModel, Prompt, prefill_prompts
 from smc_jax.settings import CAPACITY_GROWTH, CONTEXTS_PER_BEAM_SLOT, DEFAULTS, MAX_CAPACITY_SCALE
 
-#: Smallest padded continuation length (bytes); lengths are padded to powers of two above it.
+#: Bytes read per program run: a continuation is fed CHUNK_BYTES at a time, the beams' state
+#: carried from run to run, so one program serves every length.
+CHUNK_BYTES = 32
+#: The stores hold continuations of up to MIN_TOKEN_BUCKET * 2^k tokens (the least that fits).
+MIN_TOKEN_BUCKET = 256
+#: Rows per model forward (`ByteExperts.row_chunk`): one forward per call site in the program.
+ROW_CHUNK = 1
+#: Smallest padded length (bytes) of raw prompt bytes (`prompt_as_bytes`); powers of two above it.
 MIN_LENGTH_BUCKET = 16
+#: Prompts are padded to PROMPT_BUCKET * PROMPT_GROWTH^k tokens: few sizes, so few programs.
+PROMPT_BUCKET, PROMPT_GROWTH = 128, 4
 #: Scorers (settings) kept per model; each holds the programs of its buckets.
 MAX_SCORERS = 4
 #: Pairs scored together by `ByteScorer.batch` by default.
@@ -63,47 +74,45 @@ def length_bucket(n: int, smallest: int = MIN_LENGTH_BUCKET) -> int:
     return size
 
 
-class _Scored(NamedTuple):
-    start_log_mass: jax.Array  # [K]
-    log_mass: jax.Array  # [K]
-    next_logp: jax.Array  # [K, 257]
-    conditionals: jax.Array  # [T, K]
-    heals: jax.Array  # [K]
-    overflow: jax.Array  # [K]
+def prompt_size(n: int) -> int:
+    """The padded size of an n-token prompt: the least PROMPT_BUCKET * PROMPT_GROWTH^k >= n."""
+    size = PROMPT_BUCKET
+    while size < n:
+        size *= PROMPT_GROWTH
+    return size
 
 
-def _score(experts: ByteExperts, data: jax.Array, lengths: jax.Array) -> _Scored:
-    """Feeds data[k, :lengths[k]] to expert k's beam (one particle): the scan of `byte_logprob`,
-    batched over the K experts (pairs)."""
-    state = experts.init(1)
-    start = state.beams
+def _read(
+    experts: ByteExperts, state: ByteExpertState, data: jax.Array, offset: jax.Array, lengths: jax.Array
+) -> tuple[ByteExpertState, jax.Array, jax.Array]:
+    """Positions i = offset..offset+C-1 of every pair (one particle, K experts = pairs; data[k]
+    holds pair k's bytes there): for i <= length the next-byte distributions after i bytes are
+    computed (`_refresh`); at i = length EOS is healed (`ByteExperts.heal_eos`: every string
+    ends, so EOS must be read); for i < length byte i is read. The refresh comes first, so the
+    state between runs needs no model call to start. Returns the state, the conditionals [C, K]
+    (0 past a pair's end) and the beams' log mass after each refresh [C, K]."""
 
     def body(state, inputs):
-        byte, position = inputs  # [K]
+        byte, position = inputs  # [K], []
+        state = experts._refresh(state, (position <= lengths)[None])
+        state = experts.heal_eos(state, (position == lengths)[None])
         active = (position < lengths)[None]
         logp = jnp.take_along_axis(state.beams.next_logp[0], byte[:, None], axis=1)[:, 0]
-        state = experts._advance(state, byte[None], active)
-        logp = jnp.where(state.beams.healed[0], state.beams.healed_logp[0], logp)
-        return state, jnp.where(active[0], logp, 0.0)
+        mass = state.beams.log_mass[0]
+        state = experts._advance(state, byte[None], active, refresh=False)
+        logp = jnp.where(state.beams.healed[0], state.beams.healed_logp[0], logp)  # a healed byte had p = 0
+        return state, (jnp.where(active[0], logp, 0.0), mass)
 
-    final, cond = jax.lax.scan(body, state, (data.T, jnp.arange(data.shape[1])))
-    final = experts.heal_eos(final, jnp.ones((1,), bool))  # every string ends: EOS must be read
-    return _Scored(
-        start_log_mass=start.log_mass[0],
-        log_mass=final.beams.log_mass[0],
-        next_logp=final.beams.next_logp[0],
-        conditionals=cond,
-        heals=final.beams.heals[0] - start.heals[0],
-        overflow=final.stores.overflow,
-    )
+    state, (cond, mass) = jax.lax.scan(body, state, (data.T, offset + jnp.arange(data.shape[1])))
+    return state, cond, mass
 
 
 class ByteScorer:
     """log P(continuation | prompt) under one model read as a byte-level LM, for many pairs.
 
     `scorer(continuation, prompt)` scores one pair, `scorer.batch(pairs)` many (N = batch_size
-    at a time, one vmapped program). Programs are compiled per (N, prompt bucket, length
-    bucket) and reused; `compiled` counts the distinct shapes run so far. The settings are
+    at a time, one vmapped program). Programs are compiled per (N, prompt size, token capacity)
+    and reused; `compiled` counts the distinct shapes run so far. The settings are
     checked by `smc_jax.settings.SamplerSettings` (defaults: its `DEFAULTS`).
 
     Parameters
@@ -120,6 +129,8 @@ class ByteScorer:
         Read raw-text prompts through the byte beam from BOS (GenLM's convention).
     heal : bool
         Token healing when a byte empties the beam (`smc_jax.bytes.healing`).
+    chunk_bytes : int
+        Bytes read per run of the reading program (values do not depend on it).
     """
 
     def __init__(
@@ -131,7 +142,10 @@ class ByteScorer:
         temperature: float = DEFAULTS.temperature,
         prompt_as_bytes: bool = DEFAULTS.prompt_as_bytes,
         heal: bool = DEFAULTS.heal,
+        chunk_bytes: int = CHUNK_BYTES,
     ):
+        if chunk_bytes < 1:
+            raise ValueError(f"chunk_bytes must be >= 1, got {chunk_bytes}")
         settings = DEFAULTS.replace(level="byte", beam_width=beam_width, prune_threshold=prune_threshold,
                                     temperature=temperature, prompt_as_bytes=prompt_as_bytes, heal=heal)  # checks them
         if model.tokenizer is None or not model.tokenizer.eos_token_ids:
@@ -139,14 +153,18 @@ class ByteScorer:
         self.model = model
         self.beam = settings.beam()
         self.temperature = temperature
+        self.chunk_bytes = chunk_bytes
         self.prompt_as_bytes = prompt_as_bytes
         self.trie, allowed = byte_vocabulary(model)
-        self.allowed = jnp.asarray(allowed)
+        self.allowed = jax.device_put(allowed)
         self.paged = model.paged()  # a Flax model (models.flax_adapter) brings its own
         self.eos = tuple(model.tokenizer.eos_token_ids)
         self.scale = 1
         self.shapes: set[tuple] = set()
-        self._run = jax.jit(_score)  # this scorer's own programs: released with it
+        # This scorer's own programs, released with it; a chunk's state is updated in place.
+        # Raw prompt bytes are read at init (with model calls); a token prompt's start needs none.
+        self._start = jax.jit(lambda experts: experts.init(1, refresh=experts.prompt_bytes is not None))
+        self._read = jax.jit(_read, donate_argnums=(1,))
 
     @property
     def compiled(self) -> int:
@@ -163,7 +181,7 @@ class ByteScorer:
 
     def _experts(self, prompts: Sequence[Prompt], max_bytes: int, scale: int) -> tuple[ByteExperts, tuple]:
         k = len(prompts)
-        length = length_bucket(max_bytes)
+        max_tokens = length_bucket(max_bytes, MIN_TOKEN_BUCKET)
         prompt_bytes = prompt_lengths = None
         if self.prompt_as_bytes:
             if any(not isinstance(p, str) for p in prompts):
@@ -174,47 +192,64 @@ class ByteScorer:
             for i, b in enumerate(encoded):
                 padded[i, : len(b)] = list(b)
             prompt_bytes, prompt_lengths = jnp.asarray(padded), jnp.asarray([len(b) for b in encoded], jnp.int32)
-            max_tokens = length + width
+            max_tokens = length_bucket(max_bytes + width, MIN_TOKEN_BUCKET)
             ids = [[self.model.tokenizer.bos_token_id]] * k
             if ids[0][0] is None:
                 raise ValueError(f"{self.model.name} has no BOS token to start a byte-level prompt from")
         else:
-            max_tokens = length
             ids = [self._prompt_ids(p) for p in prompts]
-        prefixes, logits = prefill_prompts(self.model, ids, max_tokens, token_ids=True)
+        prefixes, logits = prefill_prompts(self.model, ids, max_tokens, token_ids=True, bucket=prompt_size)
         num_contexts = (1 + CONTEXTS_PER_BEAM_SLOT * self.beam.width + HEAL_CONTEXTS * self.beam.heal) * scale
         num_entries = (2 * (max_tokens + 1) + num_contexts) * scale
         experts = ByteExperts(
             model=self.paged, prefixes=prefixes, prompt_logits=logits, trie=self.trie, allowed=self.allowed,
             eos_ids=self.eos, beam=self.beam, max_tokens=max_tokens, temperature=np.float32(self.temperature),
             num_entries=num_entries, num_contexts=num_contexts, prompt_bytes=prompt_bytes, prompt_lengths=prompt_lengths,
+            row_chunk=ROW_CHUNK,
         )
-        shape = (k, jax.tree.leaves(prefixes)[0].shape, length, None if prompt_bytes is None else prompt_bytes.shape, scale)
+        shape = (k, jax.tree.leaves(prefixes)[0].shape, max_tokens, None if prompt_bytes is None else prompt_bytes.shape, scale)
         return experts, shape
 
     def _chunk(self, pairs: Sequence[tuple[Prompt, bytes]]) -> list[ByteLogprob]:
         datas = [d for _, d in pairs]
-        max_bytes = max(1, max(len(d) for d in datas))
+        longest = max(len(d) for d in datas)
+        width = self.chunk_bytes
+        chunks = longest // width + 1  # positions 0..longest: the last refresh is at a pair's length
+        data = np.zeros((len(pairs), chunks * width), np.int32)
+        for i, d in enumerate(datas):
+            data[i, : len(d)] = np.frombuffer(d, np.uint8)
+        lengths = np.asarray([len(d) for d in datas], np.int32)
         while True:
-            experts, shape = self._experts([p for p, _ in pairs], max_bytes, self.scale)
-            data = np.zeros((len(pairs), length_bucket(max_bytes)), np.int32)
-            for i, d in enumerate(datas):
-                data[i, : len(d)] = np.frombuffer(d, np.uint8)
-            out = jax.device_get(self._run(experts, jnp.asarray(data), jnp.asarray([len(d) for d in datas], jnp.int32)))
+            experts, shape = self._experts([p for p, _ in pairs], max(1, longest), self.scale)
+            state, conds, masses = self._start(experts), [], []
+            start_heals = np.asarray(state.beams.heals)  # read before the state is donated
+            for c in range(chunks):  # dispatched without waiting: one sync at the end
+                offset = c * width
+                state, cond, mass = self._read(experts, state, data[:, offset : offset + width],
+                                               np.int32(offset), lengths)
+                conds.append(cond)
+                masses.append(mass)
             self.shapes.add(shape)
-            if not np.any(out.overflow):
+            beams = state.beams
+            out = jax.device_get((masses[0], start_heals, beams.log_mass, beams.next_logp, beams.heals,
+                                  state.stores.overflow, conds))
+            if not np.any(out[5]):
                 break
             if self.scale >= MAX_CAPACITY_SCALE:
                 raise ContextStoreOverflowError("the context store overflowed at its largest scale; shorten the strings")
             self.scale *= CAPACITY_GROWTH  # the store only holds what is alive: no result changes
+        # [particle 0] of the beams' arrays, and the log mass after the refresh at position 0
+        start_mass, start_heals, log_mass, next_logps, heals = (x[0] for x in out[:5])
+        conds = out[6]
+        conditionals = np.concatenate(conds, axis=0)  # [chunks * C, K]
         results = []
         for i, d in enumerate(datas):
-            prefix = float(out.log_mass[i] - out.start_log_mass[i])
-            next_logp = np.asarray(out.next_logp[i], np.float64)
+            prefix = float(log_mass[i] - start_mass[i])
+            next_logp = np.asarray(next_logps[i], np.float64)
             results.append(ByteLogprob(
                 prefix=prefix, complete=prefix + float(next_logp[EOS_BYTE]),
-                conditionals=np.asarray(out.conditionals[: len(d), i], np.float64),
-                next_logprobs=next_logp, healed=int(out.heals[i]),
+                conditionals=np.asarray(conditionals[: len(d), i], np.float64),
+                next_logprobs=next_logp, healed=int(heals[i] - start_heals[i]),
             ))
         return results
 

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from smc_jax import logprob, logprob_batch
+from smc_jax.scoring import ByteScorer
 from smc_jax.sampler import EnsembleSampler, Expert
 from smc_jax.models import load_model
 from smc_jax.utils.compilation import count_compilations
@@ -34,3 +35,36 @@ def test_logprob_reuses_programs_and_batches_agree(smol):
     # the sampler's own teacher forcing (another program, same beam) agrees
     sampler = EnsembleSampler(experts=(Expert(smol, PAIRS[0][0]),), level="byte", num_particles=1, max_length=16)
     np.testing.assert_allclose(sampler.logprob(PAIRS[0][1]).prefix, single[0].prefix, atol=1e-3)
+
+
+LINES = [
+    "Dear diary, it rained.",  # 22 bytes
+    " Today the river was bright; the café sold naïve über-coffee at 3.14 each, and the dog ran.",
+    "def f(x):\n    return {\"a\": x}  # 東京 ok, a comment of 64 byte",  # 64 and 16: chunk multiples
+    "sixteen bytes ok",
+    "The lazy cat slept while the morning code returned its value to the list of numbers. 42.",
+    "ok",
+]
+
+
+def test_lines_of_any_length_share_programs_and_chunks_change_nothing(smol):
+    """A continuation is read in chunks by one program, so lines of 2-96 bytes, each after the
+    lines before it, compile nothing after the first line; reading 8 bytes per run instead of
+    32 (every line crosses chunk boundaries, some end on one) gives the same values."""
+    assert {len(line.encode()) for line in LINES} >= {2, 16, 64}
+    prompt = "Notes:\n"
+    first = logprob(smol, LINES[0], prompt=prompt)
+    results, prompts = [first], [prompt]
+    with count_compilations() as compiles:
+        for line, before in zip(LINES[1:], LINES):
+            prompt += before + "\n"
+            prompts.append(prompt)
+            results.append(logprob(smol, line, prompt=prompt))
+    assert compiles.count == 0
+    small = ByteScorer(smol, chunk_bytes=8)
+    for line, prompt, want in zip(LINES, prompts, results):
+        got = small(line, prompt)
+        assert np.isfinite(got.complete)
+        np.testing.assert_allclose(got.conditionals, want.conditionals, atol=1e-5)
+        np.testing.assert_allclose([got.prefix, got.complete], [want.prefix, want.complete], atol=1e-4)
+        np.testing.assert_allclose(got.next_logprobs, want.next_logprobs, atol=1e-5)

@@ -128,6 +128,10 @@ class ByteExperts(ModelExperts):
     # (`_children`), created in the same call (tree attention) when their parent is created too.
     prefetch_children: int = struct.field(pytree_node=False, default=0)
     prefetch_child_depth: int = struct.field(pytree_node=False, default=2)
+    # Rows per model forward (0: each call site compiles one forward per batch-size bucket, and a
+    # call runs the smallest that holds its rows). With n > 0 a call site holds one forward that
+    # reads n rows at a time, as often as the call's rows need: a smaller program (scoring).
+    row_chunk: int = struct.field(pytree_node=False, default=0)
     # GenLM's prompt convention: the prefix holds only BOS, and these raw prompt bytes (padded,
     # with their lengths) are read through the beam at init, summing over their tokenizations.
     prompt_bytes: Int[Array, "K P"] | None = None
@@ -177,7 +181,11 @@ class ByteExperts(ModelExperts):
         none = jnp.full((k, e), NO_CONTEXT, jnp.int32)
         return PrefetchCache(none, none, none, jnp.zeros((k,), jnp.int32), jnp.zeros((k,), jnp.int32))
 
-    def init(self, num_particles: int) -> ByteExpertState:
+    def init(self, num_particles: int, refresh: bool = True) -> ByteExpertState:
+        """The state after the prompt; without `refresh` (static, raw prompt bytes not allowed)
+        its next-byte distributions are left for a `_refresh`, so it needs no model call."""
+        if not refresh and (self.start is not None or self.prompt_bytes is not None):
+            raise ValueError("init(refresh=False) is for a token prompt without a start state")
         if self.start is not None:
             if self.start.beams.log_mass.shape[0] != num_particles:
                 raise ValueError(
@@ -191,7 +199,8 @@ class ByteExperts(ModelExperts):
         if self.prompt_bytes is None:
             beam = initial_beam(m, c, d, PROMPT_CONTEXT)
             beams = jax.tree.map(lambda x: jnp.broadcast_to(x[:, None], (m, k) + x.shape[1:]), beam)
-            return self._refresh(ByteExpertState(beams, stores, self._empty_cache()), jnp.ones((m, k), bool))
+            state = ByteExpertState(beams, stores, self._empty_cache())
+            return self._refresh(state, jnp.ones((m, k), bool)) if refresh else state
         # Read the prompt bytes once (one particle), then give every particle that beam.
         beam = initial_beam(1, c, d, PROMPT_CONTEXT)
         one = self._refresh(
@@ -232,7 +241,7 @@ class ByteExperts(ModelExperts):
                 # ~one fresh context per particle and step; prefetch rows may fill up to 4 times that
                 bucket_sizes(m * r, typical=m, doublings=2 if self.cache_slots and self.prefetch_rows else 1))
         if not (prefetch and self.cache_slots):
-            stores, created = extend_group(*args)
+            stores, created = extend_group(*args, chunk=self.row_chunk)
             return stores, cache, jnp.moveaxis(created.reshape(k, m, r), 0, 1)
         called = jnp.any(wanted)
         # The searches matter only to a step that calls the model anyway: skipped otherwise (a
@@ -241,7 +250,7 @@ class ByteExperts(ModelExperts):
         blank = lambda: jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), jax.eval_shape(plan))
         p = jax.lax.cond(called, plan, blank)
         stores, created, fetched = extend_group(*args, optional=(p.parent, p.token, p.want), grow=self.prefetch_rows,
-                                                link=p.link if self.prefetch_children else None)
+                                                link=p.link if self.prefetch_children else None, chunk=self.row_chunk)
         context = jnp.where(p.found != NO_CONTEXT, p.found, fetched)
         # A child of a context created now continues it: its parent is that context.
         parent = jnp.where(p.link >= 0, jnp.take_along_axis(context, jnp.maximum(p.link, 0), axis=1), p.parent)
@@ -394,8 +403,11 @@ class ByteExperts(ModelExperts):
         return self._advance(state, byte, jnp.broadcast_to(active[:, None], byte.shape))
 
     @jax.named_scope("byte shift")
-    def _advance(self, state: ByteExpertState, byte: Int[Array, "M K"], active: Bool[Array, "M K"]) -> ByteExpertState:
-        """Reads byte[m, k] into expert k's beam of particle m where active[m, k]."""
+    def _advance(
+        self, state: ByteExpertState, byte: Int[Array, "M K"], active: Bool[Array, "M K"], refresh: bool = True
+    ) -> ByteExpertState:
+        """Reads byte[m, k] into expert k's beam of particle m where active[m, k]; without
+        `refresh` (static) the next-byte distributions are left for a `_refresh` to compute."""
         def per_expert(fn, state: ByteExpertState, *args):
             return jax.vmap(fn, in_axes=(0, 1) + (1,) * len(args), out_axes=1)(state.stores.summary, state.beams, *args)
 
@@ -428,7 +440,7 @@ class ByteExperts(ModelExperts):
         state = state._replace(beams=beams)
         if self.beam.heal:  # static: with heal off the program is the one without healing
             state = self._heal(state, plan_beams, byte, active)
-        return self._refresh(state, active)
+        return self._refresh(state, active) if refresh else state
 
     @jax.named_scope("healing")
     def _heal(self, state: ByteExpertState, before: BeamState, byte: Int[Array, "M K"], active: Bool[Array, "M K"]) -> ByteExpertState:
@@ -458,13 +470,14 @@ class ByteExperts(ModelExperts):
         ----------
         state : ByteExpertState
             The experts' state.
-        forced : jax.Array, shape [M], bool
-            The particles whose next symbol is EOS.
+        forced : jax.Array, shape [M] or [M, K], bool
+            The particles (or particles and experts) whose next symbol is EOS.
         """
         if not self.beam.heal:
             return state
         beams = state.beams
-        zero = forced[:, None] & ~jnp.isfinite(beams.next_logp[..., EOS_BYTE]) & jnp.isfinite(beams.log_mass)
+        forced = forced if forced.ndim == 2 else forced[:, None]
+        zero = forced & ~jnp.isfinite(beams.next_logp[..., EOS_BYTE]) & jnp.isfinite(beams.log_mass)
         plan = self._plan_heal(beams, jnp.full(zero.shape, EOS_BYTE, jnp.int32), zero)
         need = zero & plan.found
         stores, context, logp = self._follow(state, plan, need)

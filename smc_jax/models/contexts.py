@@ -185,6 +185,8 @@ def extend_contexts(
     needed: Bool[Array, "U"] | None = None,
     parent_row: Int[Array, "U"] | None = None,
     span: Int[Array, ""] | None = None,
+    chunk: int = 0,
+    rows_used: Int[Array, ""] | None = None,
 ) -> tuple[ContextStore, Int[Array, "U"]]:
     """Creates context parent + token for each valid row with one model call of U rows.
 
@@ -193,8 +195,11 @@ def extend_contexts(
     `parent_row[u] >= 0` makes row u continue the context that row parent_row[u] creates in
     this same call (tree attention; that row must have no such parent itself, and parent[u] is
     ignored); the row is created only where its parent row is. `span` bounds the rows' path
-    lengths (see `PagedModel.step`). Returns the store and the new context ids (NO_CONTEXT for
-    invalid rows)."""
+    lengths (see `PagedModel.step`). With `chunk` (static, > 0) the model reads `chunk` rows at a
+    time, as many times as the last valid row needs (rows are compacted to the front), or as
+    `rows_used` (unbatched) says: one forward in the program whatever U, and work in proportion
+    to the rows used. Returns the
+    store and the new context ids (NO_CONTEXT for invalid rows)."""
     n, t = store.num_entries, store.num_contexts
     u = parent.shape[0]
     in_call = jnp.zeros((u,), bool) if parent_row is None else parent_row >= 0
@@ -228,15 +233,21 @@ def extend_contexts(
     options = {} if span is None else {"span": span}
     if parent_row is not None:
         options["tree"] = True
-    logits, pool = model.step(prefix, store.pool, paths, depth, token, write_entry, **options)
+    put = lambda summary, at, logits: jax.tree.map(
+        lambda table, new: table.at[at].set(new, mode="drop"), summary, summarize(logits))
+    if 0 < chunk < u:
+        pool, summary = _chunked_step(model, prefix, store.pool, store.summary, paths, depth, token, write_entry,
+                                      write_ctx, ok, put, chunk, options, n, t, rows_used)
+    else:
+        logits, pool = model.step(prefix, store.pool, paths, depth, token, write_entry, **options)
+        summary = put(store.summary, write_ctx, logits)
     new_paths = extended(paths, depth)
-    summaries = summarize(logits)
     store = ContextStore(
         pool=pool,
         path=store.path.at[write_entry].set(new_paths, mode="drop"),
         depth=store.depth.at[write_entry].set(depth + 1, mode="drop"),
         context_entry=store.context_entry.at[write_ctx].set(new_entry, mode="drop"),
-        summary=jax.tree.map(lambda table, new: table.at[write_ctx].set(new, mode="drop"), store.summary, summaries),
+        summary=summary,
         overflow=store.overflow | overflow,
         calls=store.calls + 1,
         rows=store.rows + u,
@@ -245,6 +256,29 @@ def extend_contexts(
         peak_contexts=jnp.maximum(store.peak_contexts, jnp.sum(ctx_alive) + written),
     )
     return store, jnp.where(ok, new_ctx, NO_CONTEXT)
+
+
+def _chunked_step(model, prefix, pool, summary, paths, depth, token, write_entry, write_ctx, ok, put, chunk, options,
+                  no_entry, no_context, rows_used):
+    """`model.step` on rows [i * chunk, (i + 1) * chunk) for i = 0, 1, ... while some row at or
+    after i * chunk is written (`extend_contexts` with `chunk`); out-of-range writes pad the last."""
+    u = token.shape[0]
+    padded = -(-u // chunk) * chunk
+    pad = lambda x, fill: jnp.pad(x, [(0, padded - u)] + [(0, 0)] * (x.ndim - 1), constant_values=fill)
+    rows = (pad(paths, 0), pad(depth, 0), pad(token, 0), pad(write_entry, no_entry), pad(write_ctx, no_context))
+    # Rows up to the last written one; given from outside a vmap, the loop is not batched (a
+    # batched loop would select whole pools at every iteration).
+    needed = jnp.max(jnp.where(ok, jnp.arange(u) + 1, 0)) if rows_used is None else rows_used
+
+    def body(carry):
+        i, pool, summary = carry
+        take = lambda x: jax.lax.dynamic_slice_in_dim(x, i * chunk, chunk)
+        c_paths, c_depth, c_token, c_entry, c_ctx = map(take, rows)
+        logits, pool = model.step(prefix, pool, c_paths, c_depth, c_token, c_entry, **options)
+        return i + 1, pool, put(summary, c_ctx, logits)
+
+    _, pool, summary = jax.lax.while_loop(lambda carry: carry[0] * chunk < needed, body, (jnp.int32(0), pool, summary))
+    return pool, summary
 
 
 def _in_place_cond(pred: Bool[Array, ""], fn: Callable[[PyTree], PyTree], operand: PyTree) -> PyTree:
@@ -284,6 +318,7 @@ def extend_group(
     optional: tuple[Int[Array, "K E"], Int[Array, "K E"], Bool[Array, "K E"]] | None = None,
     grow: int = 0,
     link: Int[Array, "K E"] | None = None,
+    chunk: int = 0,
 ) -> tuple[ContextStore, Int[Array, "K R"]] | tuple[ContextStore, Int[Array, "K R"], Int[Array, "K E"]]:
     """`extend_contexts` for K experts of one model (stores and prefixes stacked on axis 0).
 
@@ -299,7 +334,11 @@ def extend_group(
     >= 0`, optional row i continues the context that the earlier optional row link[k, i] creates
     in the same call (tree attention; parent[k, i] is ignored, and the row is dropped where that
     one is not created). With `optional`, also returns each optional row's context (NO_CONTEXT
-    where it did not fit)."""
+    where it did not fit). With `chunk` (static, > 0) there is one size, the last bucket, and the
+    model reads its rows `chunk` at a time (`extend_contexts`): one forward in the program.
+    """
+    if chunk:
+        buckets = tuple(buckets)[-1:]
     reqs = jax.vmap(dedupe)(parent, token, valid)
     k, r = parent.shape
     has_optional = optional is not None
@@ -344,6 +383,9 @@ def extend_group(
     grown = jnp.minimum(wished, jnp.maximum(required, len(buckets) - 2))
     branch = shared_max(jnp.where(jnp.max(reqs.count) == 0, 0, 1 + grown))  # one size for all problems
 
+    # Rows the call uses (the same for all experts and problems: the chunk loop is not batched).
+    rows_used = shared_max(jnp.max(reqs.count + jnp.sum(fresh, axis=1)))
+
     def make_branch(size: int):
         def run(carry: tuple[ContextStore, Array]) -> tuple[ContextStore, Int[Array, "K RE"]]:
             def one(store, prefix, req: Requests, keep_k, fresh_k, own_k, o_parent, o_token, p_row):
@@ -353,6 +395,7 @@ def extend_group(
                 store, created = extend_contexts(
                     store, model, prefix, fill(req.parent, o_parent), fill(req.token, o_token),
                     fill(req.valid, jnp.ones_like(fresh_k)), keep_k, summarize, req.valid[:size], rows_link, span,
+                    chunk, rows_used,
                 )
                 return store, jnp.full((r + e,), NO_CONTEXT, jnp.int32).at[:size].set(created)
 

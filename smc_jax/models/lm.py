@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 from typing import Any
 
@@ -246,7 +246,11 @@ class LanguageModel:
 
 
 def prefill_prompts(
-    model: LanguageModel, prompts: Sequence[Prompt] | Sequence[Sequence[int]], max_new_tokens: int, token_ids: bool = False
+    model: LanguageModel,
+    prompts: Sequence[Prompt] | Sequence[Sequence[int]],
+    max_new_tokens: int,
+    token_ids: bool = False,
+    bucket: Callable[[int], int] | None = None,
 ):
     """Prompt caches of K prompts padded to one bucket size, stacked, and their next-token logits
     (prompts are text or chat messages, or token ids when `token_ids`).
@@ -261,6 +265,9 @@ def prefill_prompts(
         Tokens each prompt's continuation may add (sets the bucket).
     token_ids : bool
         The prompts are token ids already.
+    bucket : callable, optional
+        Padded size of a prompt of n tokens (default: `prompt_bucket`, within the model's
+        prompt capacity).
     """
     ids = [list(p) for p in prompts] if token_ids else [model.encode_prompt(p) for p in prompts]
     for i, seq in enumerate(ids):
@@ -272,8 +279,10 @@ def prefill_prompts(
                 f"{model.config.max_positions} positions of {model.name}; shorten the prompt or max_length"
             )
     size = max(prompt_bucket(len(seq), model.prompt_capacity) for seq in ids)
+    if bucket is not None:
+        size = min(max(size, max(bucket(len(seq)) for seq in ids)), model.prompt_capacity)
     padded = np.zeros((len(ids), size), np.int32)
     for i, seq in enumerate(ids):
         padded[i, : len(seq)] = seq
-    lengths = jnp.asarray([len(seq) for seq in ids], jnp.int32)
-    return model.prefill_batch(jnp.asarray(padded), lengths)
+    lengths = np.asarray([len(seq) for seq in ids], np.int32)
+    return model.prefill_batch(jax.device_put(padded), jax.device_put(lengths))  # transfers: no program per shape

@@ -21,6 +21,9 @@ from smc_jax.experts.toy import NGramTokenLM
 from smc_jax.utils.compilation import count_compilations
 
 
+FORWARDS_TRACED: list = []  # the row shapes of every traced SpanChecked.step
+
+
 @struct.dataclass
 class SpanChecked:
     """A toy LM whose logits are NaN in a call whose `span` is below a row's depth: extend_group
@@ -36,6 +39,7 @@ class SpanChecked:
         return self.lm.init_pool(capacity)
 
     def step(self, prefix, pool, paths, depth, tokens, write_at, tree=False, span=None):
+        FORWARDS_TRACED.append(tokens.shape)
         assert span is not None and span.shape == (), "extend_group passes one span for all experts"
         logits, pool = self.lm.step(prefix, pool, paths, depth, tokens, write_at, tree)
         return jnp.where(span >= jnp.max(depth), logits, jnp.nan), pool
@@ -64,9 +68,10 @@ def test_bucket_sizes():
     assert bucket_sizes(1, typical=1) == (1,)
 
 
-def run_random_walk(order: int, steps: int, seed: int):
+def run_random_walk(order: int, steps: int, seed: int, chunk: int = 0):
     """K = 2 prompts, R = 6 walkers extending random tokens, with forks and deaths; every
-    walker's summary must equal the directly computed logits of its explicit token list."""
+    walker's summary must equal the directly computed logits of its explicit token list
+    (`chunk`: rows per forward, `extend_group`)."""
     v, k, r, s = 5, 2, 6, steps + 1
     lm = NGramTokenLM.random(jax.random.key(seed), vocab_size=v, order=order)
     prompts = [[1, 2, 3], [4]]
@@ -78,7 +83,7 @@ def run_random_walk(order: int, steps: int, seed: int):
     tokens_of = [[[] for _ in range(r)] for _ in range(k)]
     rng = np.random.default_rng(seed)
     step = jax.jit(lambda st, c, t, a: extend_group(st, SpanChecked(lm), prefixes, c, t, a, c, summarize,
-                                                    bucket_sizes(r, typical=r)))
+                                                    bucket_sizes(r, typical=r), chunk=chunk))
     calls = 0
     with count_compilations() as compiles:
         for _ in range(steps):
@@ -114,6 +119,18 @@ def run_random_walk(order: int, steps: int, seed: int):
 @pytest.mark.parametrize("order", [1, 2, 3])
 def test_paged_contexts_match_direct_computation(order):
     run_random_walk(order, steps=7, seed=order)
+
+
+@pytest.mark.parametrize("chunk", [1, 4])
+def test_rows_read_a_chunk_at_a_time_match_and_trace_one_forward(chunk):
+    """Rows `chunk` at a time (one, or two chunks for the six walkers): the same contexts and
+    summaries, and the program holds one forward instead of one per bucket."""
+    FORWARDS_TRACED.clear()
+    run_random_walk(2, steps=7, seed=5, chunk=chunk)
+    assert FORWARDS_TRACED == [(chunk,)]
+    FORWARDS_TRACED.clear()
+    run_random_walk(2, steps=2, seed=5)
+    assert len(FORWARDS_TRACED) == len(bucket_sizes(6, typical=6)) > 1
 
 
 def test_no_call_when_nothing_is_requested_and_no_recompilation():
