@@ -75,7 +75,13 @@ def length_bucket(n: int, smallest: int = MIN_LENGTH_BUCKET) -> int:
 
 
 def prompt_size(n: int) -> int:
-    """The padded size of an n-token prompt: the least PROMPT_BUCKET * PROMPT_GROWTH^k >= n."""
+    """The padded size of an n-token prompt: the least PROMPT_BUCKET * PROMPT_GROWTH^k >= n.
+
+    Parameters
+    ----------
+    n : int
+        The prompt's length in tokens.
+    """
     size = PROMPT_BUCKET
     while size < n:
         size *= PROMPT_GROWTH
