@@ -58,19 +58,21 @@ DEFAULT_BATCH = 8
 HEAL_CONTEXTS = 4
 
 
-def length_bucket(n: int, smallest: int = MIN_LENGTH_BUCKET) -> int:
-    """The padded length of an n-byte continuation: the least smallest * 2^k >= n.
+def length_bucket(n: int, smallest: int = MIN_LENGTH_BUCKET, growth: int = 2) -> int:
+    """The padded size of n (bytes or tokens): the least smallest * growth^k >= n.
 
     Parameters
     ----------
     n : int
-        The continuation's length in bytes.
+        The length.
     smallest : int
         The smallest bucket.
+    growth : int
+        The ratio of one bucket to the next.
     """
     size = smallest
     while size < n:
-        size *= 2
+        size *= growth
     return size
 
 
@@ -82,10 +84,7 @@ def prompt_size(n: int) -> int:
     n : int
         The prompt's length in tokens.
     """
-    size = PROMPT_BUCKET
-    while size < n:
-        size *= PROMPT_GROWTH
-    return size
+    return length_bucket(n, PROMPT_BUCKET, PROMPT_GROWTH)
 
 
 def _read(

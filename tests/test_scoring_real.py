@@ -48,7 +48,7 @@ LINES = [
 
 
 def test_lines_of_any_length_share_programs_and_chunks_change_nothing(smol):
-    """A continuation is read in chunks by one program, so lines of 2-96 bytes, each after the
+    """A continuation is read in chunks by one program, so lines of 2-94 bytes, each after the
     lines before it, compile nothing after the first line; reading 8 bytes per run instead of
     32 (every line crosses chunk boundaries, some end on one) gives the same values."""
     assert {len(line.encode()) for line in LINES} >= {2, 16, 64}

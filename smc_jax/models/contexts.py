@@ -198,8 +198,7 @@ def extend_contexts(
     lengths (see `PagedModel.step`). With `chunk` (static, > 0) the model reads `chunk` rows at a
     time, as many times as the last valid row needs (rows are compacted to the front), or as
     `rows_used` (unbatched) says: one forward in the program whatever U, and work in proportion
-    to the rows used. Returns the
-    store and the new context ids (NO_CONTEXT for invalid rows)."""
+    to the rows used. Returns the store and the new context ids (NO_CONTEXT for invalid rows)."""
     n, t = store.num_entries, store.num_contexts
     u = parent.shape[0]
     in_call = jnp.zeros((u,), bool) if parent_row is None else parent_row >= 0
@@ -384,7 +383,7 @@ def extend_group(
     branch = shared_max(jnp.where(jnp.max(reqs.count) == 0, 0, 1 + grown))  # one size for all problems
 
     # Rows the call uses (the same for all experts and problems: the chunk loop is not batched).
-    rows_used = shared_max(jnp.max(reqs.count + jnp.sum(fresh, axis=1)))
+    rows_used = shared_max(jnp.max(reqs.count + jnp.sum(fresh, axis=1))) if chunk else None
 
     def make_branch(size: int):
         def run(carry: tuple[ContextStore, Array]) -> tuple[ContextStore, Int[Array, "K RE"]]:
