@@ -65,6 +65,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int
 
@@ -102,21 +103,19 @@ def plan_heal(trie: TokenTrie, beam: BeamState, byte: Int[Array, "M"], config: B
     (committing it; nothing to close at the root), and the plan's node is the root.
 
     Candidates: the hypotheses the shift keeps (`prune_mask`; for EOS, all of them) x back-offs
-    j = 0..J. The walk is a fixed loop of J + 1 replay positions over all candidates at once
+    j = 0..J. The walk is a scan over the J + 1 replay positions of all candidates at once
     (position i of back-off j replays p[d - j + i] for i < j, then the byte at i = j; positions
     i > j are idle)."""
     m, c = beam.node.shape
-    depth_limit = config.heal_max_backoff
-    s = depth_limit + 1
+    s = config.heal_max_backoff + 1
     # A byte backs off from the hypotheses the shift keeps (genlm's pruned beam); EOS, read
     # without a shift, from every hypothesis of the beam.
     kept = (prune_mask(beam.weight, config) | (byte == EOS_BYTE)[:, None]) & (beam.context != NO_CONTEXT)
     node = jnp.where(kept, beam.node, NO_NODE)
-    # ancestors[..., j]: the node j bytes above u (NO_NODE above the root).
-    ancestors = [node]
-    for _ in range(depth_limit):
-        ancestors.append(_parent(trie, ancestors[-1]))
-    ancestors = jnp.stack(ancestors, axis=-1)  # [M, C, S]
+    # ancestors[..., j]: the node j bytes above u (NO_NODE above the root). Loops are scans, so
+    # the program holds one copy of their body whatever J is.
+    climb = lambda u, _: (_parent(trie, u), u)
+    ancestors = jnp.moveaxis(jax.lax.scan(climb, node, length=s)[1], 0, -1)  # [M, C, S]
     labels = jnp.where(ancestors == NO_NODE, 0, trie.node_byte[jnp.clip(ancestors, 0, trie.num_nodes - 1)])
     back = jnp.arange(s)  # j
     step = jnp.arange(s)  # i
@@ -131,13 +130,11 @@ def plan_heal(trie: TokenTrie, beam: BeamState, byte: Int[Array, "M"], config: B
     ok = _ends_token(trie, start)  # false for NO_NODE (j > d) and the root
     first_position = trie.node_lo[jnp.clip(start, 0, trie.num_nodes - 1)]
 
-    # Greedy replay of every candidate (static loop over the J + 1 replay positions).
-    current = jnp.full((m, c, s), ROOT, jnp.int32)
-    splits = jnp.zeros((m, c, s), jnp.int32)
-    split_positions = jnp.zeros((m, c, s, s), jnp.int32)  # [..., k]: token k + 1's position
-    for i in range(s):
+    # Greedy replay of every candidate, one replay position i per scan step.
+    def replay_one(carry, inputs):
+        ok, current, splits, split_positions = carry
+        i, x = inputs
         live = ok & (i <= back)[None, None]
-        x = replay[..., i]
         # EOS (only ever the last replayed symbol) closes the current token instead of reading.
         close = live & (x == EOS_BYTE)
         nxt = child(trie, current, x)  # NO_NODE for EOS
@@ -151,6 +148,17 @@ def plan_heal(trie: TokenTrie, beam: BeamState, byte: Int[Array, "M"], config: B
         split_positions = jnp.where(split[..., None] & slot, position[..., None], split_positions)
         splits = splits + split.astype(jnp.int32)
         current = jnp.where(live & ok, jnp.where(nxt != NO_NODE, nxt, fresh), current)
+        return (ok, current, splits, split_positions), None
+
+    start_carry = (
+        ok,
+        jnp.full((m, c, s), ROOT, jnp.int32),
+        jnp.zeros((m, c, s), jnp.int32),
+        jnp.zeros((m, c, s, s), jnp.int32),  # [..., k]: token k + 1's position
+    )
+    (ok, current, splits, split_positions), _ = jax.lax.scan(
+        replay_one, start_carry, (step, jnp.moveaxis(replay, -1, 0))
+    )
 
     # First success in (slot, j) order; slots are heaviest first.
     flat_ok = ok.reshape(m, c * s)

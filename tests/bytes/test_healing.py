@@ -134,3 +134,32 @@ def test_unpruned_beam_never_heals_and_changes_nothing():
         np.testing.assert_array_equal(a.next_logprobs, b.next_logprobs)
         assert a.prefix == b.prefix
         np.testing.assert_allclose(a.prefix, exact.prefix(x), atol=2e-5)
+
+
+def _equations(jaxpr) -> int:
+    """Equations of a jaxpr and of every program nested in it (a loop body counted once)."""
+    total = 0
+    for eqn in jaxpr.eqns:
+        total += 1
+        for value in eqn.params.values():
+            for sub in value if isinstance(value, (list, tuple)) else (value,):
+                inner = getattr(sub, "jaxpr", sub)
+                if hasattr(inner, "eqns"):
+                    total += _equations(inner)
+    return total
+
+
+def test_the_heal_plan_program_does_not_grow_with_the_back_off():
+    """`plan_heal` walks its J + 1 replay positions in loops: its program has as many
+    equations for J = 2 as for J = 16 (an unrolled walk grows with J and is traced, lowered and
+    compiled once per byte and per EOS healing site of a step)."""
+    from smc_jax.bytes.healing import plan_heal
+
+    _, experts = _make(2, 0.6)
+    beams = jax.tree.map(lambda x: x[:, 0], experts.init(1).beams)
+    byte = jnp.zeros((1,), jnp.int32)
+    sizes = [
+        _equations(jax.make_jaxpr(lambda beam, b: plan_heal(experts.trie, beam, b, config))(beams, byte).jaxpr)
+        for config in (BeamConfig(width=2, threshold=0.6, heal_max_backoff=j) for j in (2, 16))
+    ]
+    assert sizes[0] == sizes[1], sizes
