@@ -38,6 +38,7 @@ from smc_jax.experts.byte import ByteExperts, ByteExpertState, ByteLogprob, byte
 from smc_jax.models.contexts import ContextStoreOverflowError
 from smc_jax.models.lm import LanguageModel, Prompt, prefill_prompts
 from smc_jax.settings import CAPACITY_GROWTH, CONTEXTS_PER_BEAM_SLOT, DEFAULTS, MAX_CAPACITY_SCALE
+from smc_jax.utils.buckets import geometric_bucket
 
 #: Bytes read per program run: a continuation is fed CHUNK_BYTES at a time, the beams' state
 #: carried from run to run, so one program serves every length.
@@ -58,24 +59,6 @@ DEFAULT_BATCH = 8
 HEAL_CONTEXTS = 4
 
 
-def length_bucket(n: int, smallest: int = MIN_LENGTH_BUCKET, growth: int = 2) -> int:
-    """The padded size of n (bytes or tokens): the least smallest * growth^k >= n.
-
-    Parameters
-    ----------
-    n : int
-        The length.
-    smallest : int
-        The smallest bucket.
-    growth : int
-        The ratio of one bucket to the next.
-    """
-    size = smallest
-    while size < n:
-        size *= growth
-    return size
-
-
 def prompt_size(n: int) -> int:
     """The padded size of an n-token prompt: the least PROMPT_BUCKET * PROMPT_GROWTH^k >= n.
 
@@ -84,7 +67,7 @@ def prompt_size(n: int) -> int:
     n : int
         The prompt's length in tokens.
     """
-    return length_bucket(n, PROMPT_BUCKET, PROMPT_GROWTH)
+    return geometric_bucket(n, PROMPT_BUCKET, PROMPT_GROWTH)
 
 
 def _read(
@@ -186,18 +169,18 @@ class ByteScorer:
 
     def _experts(self, prompts: Sequence[Prompt], max_bytes: int, scale: int) -> tuple[ByteExperts, tuple]:
         k = len(prompts)
-        max_tokens = length_bucket(max_bytes, MIN_TOKEN_BUCKET)
+        max_tokens = geometric_bucket(max_bytes, MIN_TOKEN_BUCKET)
         prompt_bytes = prompt_lengths = None
         if self.prompt_as_bytes:
             if any(not isinstance(p, str) for p in prompts):
                 raise ValueError("prompt_as_bytes takes raw-text prompts (chat templates hold control tokens)")
             encoded = [p.encode("utf-8") for p in prompts]
-            width = length_bucket(max(len(b) for b in encoded))
+            width = geometric_bucket(max(len(b) for b in encoded), MIN_LENGTH_BUCKET)
             padded = np.zeros((k, width), np.int32)
             for i, b in enumerate(encoded):
                 padded[i, : len(b)] = list(b)
             prompt_bytes, prompt_lengths = jnp.asarray(padded), jnp.asarray([len(b) for b in encoded], jnp.int32)
-            max_tokens = length_bucket(max_bytes + width, MIN_TOKEN_BUCKET)
+            max_tokens = geometric_bucket(max_bytes + width, MIN_TOKEN_BUCKET)
             ids = [[self.model.tokenizer.bos_token_id]] * k
             if ids[0][0] is None:
                 raise ValueError(f"{self.model.name} has no BOS token to start a byte-level prompt from")

@@ -50,6 +50,7 @@ from smc_jax.bytes.vocab import NUM_BYTES, token_byte_strings
 from smc_jax.experts.model_base import ModelExperts
 from smc_jax.models.contexts import NO_CONTEXT, PROMPT_CONTEXT, ContextStore, bucket_sizes, extend_group
 from smc_jax.models.lm import LanguageModel
+from smc_jax.utils.buckets import geometric_bucket
 from smc_jax.utils.compilation import stored_jit
 from smc_jax.utils.problems import shared_max
 
@@ -577,13 +578,6 @@ def _read_bytes(
     return experts.heal_eos(final, jnp.ones((1,), bool)), cond
 
 
-def _bucket_length(n: int, smallest: int = 8) -> int:
-    size = smallest
-    while size < n:
-        size *= 2
-    return size
-
-
 class ByteLogprob(NamedTuple):
     """log-probabilities of a byte string under a byte-level expert (natural log).
 
@@ -607,7 +601,7 @@ def byte_logprob(experts: ByteExperts, data: bytes) -> ByteLogprob:
     if experts.num_experts != 1:
         raise ValueError("byte_logprob scores under one expert; build it with a single prompt")
     n = len(data)
-    padded = np.zeros(_bucket_length(n), np.int32)
+    padded = np.zeros(geometric_bucket(n, 8), np.int32)  # lengths 8, 16, 32, ...: few programs
     padded[:n] = np.frombuffer(data, np.uint8)
     if experts.start is not None and experts.start.beams.log_mass.shape[0] == 1:
         start = experts.start
