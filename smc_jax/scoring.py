@@ -179,7 +179,8 @@ class ByteScorer:
             padded = np.zeros((k, width), np.int32)
             for i, b in enumerate(encoded):
                 padded[i, : len(b)] = list(b)
-            prompt_bytes, prompt_lengths = jnp.asarray(padded), jnp.asarray([len(b) for b in encoded], jnp.int32)
+            prompt_bytes = jax.device_put(padded)  # a transfer: jnp.asarray compiles a program per shape
+            prompt_lengths = jax.device_put(np.array([len(b) for b in encoded], np.int32))
             max_tokens = geometric_bucket(max_bytes + width, MIN_TOKEN_BUCKET)
             ids = [[self.model.tokenizer.bos_token_id]] * k
             if ids[0][0] is None:

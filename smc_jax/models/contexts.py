@@ -235,11 +235,11 @@ def extend_contexts(
     put = lambda summary, at, logits: jax.tree.map(
         lambda table, new: table.at[at].set(new, mode="drop"), summary, summarize(logits))
     if 0 < chunk < u:
-        pool, summary = _chunked_step(model, prefix, store.pool, store.summary, paths, depth, token, write_entry,
-                                      write_ctx, ok, put, chunk, options, n, t, rows_used)
+        pool, summary, computed = _chunked_step(model, prefix, store.pool, store.summary, paths, depth, token,
+                                                write_entry, write_ctx, ok, put, chunk, options, n, t, rows_used)
     else:
         logits, pool = model.step(prefix, store.pool, paths, depth, token, write_entry, **options)
-        summary = put(store.summary, write_ctx, logits)
+        summary, computed = put(store.summary, write_ctx, logits), u
     new_paths = extended(paths, depth)
     store = ContextStore(
         pool=pool,
@@ -249,7 +249,7 @@ def extend_contexts(
         summary=summary,
         overflow=store.overflow | overflow,
         calls=store.calls + 1,
-        rows=store.rows + u,
+        rows=store.rows + computed,
         requests=store.requests + jnp.sum(valid if needed is None else needed & valid).astype(jnp.int32),
         peak_entries=jnp.maximum(store.peak_entries, jnp.sum(entry_alive) + written),
         peak_contexts=jnp.maximum(store.peak_contexts, jnp.sum(ctx_alive) + written),
@@ -260,7 +260,8 @@ def extend_contexts(
 def _chunked_step(model, prefix, pool, summary, paths, depth, token, write_entry, write_ctx, ok, put, chunk, options,
                   no_entry, no_context, rows_used):
     """`model.step` on rows [i * chunk, (i + 1) * chunk) for i = 0, 1, ... while some row at or
-    after i * chunk is written (`extend_contexts` with `chunk`); out-of-range writes pad the last."""
+    after i * chunk is written (`extend_contexts` with `chunk`); out-of-range writes pad the last.
+    Returns the pool, the summaries and the rows computed (chunks run x chunk)."""
     u = token.shape[0]
     padded = -(-u // chunk) * chunk
     pad = lambda x, fill: jnp.pad(x, [(0, padded - u)] + [(0, 0)] * (x.ndim - 1), constant_values=fill)
@@ -276,8 +277,8 @@ def _chunked_step(model, prefix, pool, summary, paths, depth, token, write_entry
         logits, pool = model.step(prefix, pool, c_paths, c_depth, c_token, c_entry, **options)
         return i + 1, pool, put(summary, c_ctx, logits)
 
-    _, pool, summary = jax.lax.while_loop(lambda carry: carry[0] * chunk < needed, body, (jnp.int32(0), pool, summary))
-    return pool, summary
+    chunks, pool, summary = jax.lax.while_loop(lambda carry: carry[0] * chunk < needed, body, (jnp.int32(0), pool, summary))
+    return pool, summary, chunks * chunk
 
 
 def _in_place_cond(pred: Bool[Array, ""], fn: Callable[[PyTree], PyTree], operand: PyTree) -> PyTree:

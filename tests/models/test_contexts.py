@@ -84,12 +84,14 @@ def run_random_walk(order: int, steps: int, seed: int, chunk: int = 0):
     rng = np.random.default_rng(seed)
     step = jax.jit(lambda st, c, t, a: extend_group(st, SpanChecked(lm), prefixes, c, t, a, c, summarize,
                                                     bucket_sizes(r, typical=r), chunk=chunk))
-    calls = 0
+    calls = rows = 0
     with count_compilations() as compiles:
         for _ in range(steps):
             tok = rng.integers(0, v, size=(k, r))
             tok[:, 1] = tok[:, 0]  # walkers 0 and 1 are identical: one row
             active = rng.random((k, r)) < 0.8
+            unique = max(len({(int(ctx[e, w]), int(tok[e, w])) for w in range(r) if active[e, w]}) for e in range(k))
+            rows += -(-unique // chunk) * chunk if chunk else 0  # chunks the call runs (the same for both experts)
             new_stores, new = step(stores, ctx, jnp.asarray(tok, jnp.int32), jnp.asarray(active))
             calls += 1
             new = np.asarray(new)
@@ -113,6 +115,8 @@ def run_random_walk(order: int, steps: int, seed: int, chunk: int = 0):
                     np.testing.assert_allclose(got, want, rtol=1e-6)
                     _, depth = context_tokens_path(store_e, ctx[e, w][None])
                     assert int(depth[0]) == len(tokens_of[e][w])
+    if chunk:  # the rows counted are those computed: the chunks run, not the bucket
+        np.testing.assert_array_equal(np.asarray(stores.rows), [rows] * k)
     return compiles.count
 
 
