@@ -41,6 +41,7 @@ from smc_jax.smc import engine
 PROMPT = "My favorite physicist is"
 #: The library's named scopes (`jax.named_scope`) and the part each stands for.
 SCOPES = {
+    "byte step": "byte step (its one call site)",
     "byte shift": "beam and trie: shift",
     "byte refresh": "beam and trie: next-byte distributions",
     "healing": "byte healing",
@@ -54,7 +55,7 @@ SCOPES = {
     "recording": "recording",
 }
 #: The scopes that ask for model forwards: a forward is counted at the innermost one around it.
-CALL_SITES = ("byte shift", "byte refresh", "healing", "eos healing", "token step")
+CALL_SITES = ("byte step", "byte shift", "byte refresh", "healing", "eos healing", "token step")
 
 
 def innermost(stack: str, names) -> str | None:

@@ -180,6 +180,10 @@ class ExpertStack:
     def advance(self, state: tuple, symbols: Int[Array, "M"], active: Bool[Array, "M"]) -> tuple:
         return tuple(g.advance(s, symbols, active) for g, s in zip(self.groups, state))
 
+    def advance_heal_eos(self, state: tuple, symbols: Int[Array, "M"], active: Bool[Array, "M"], forced: Bool[Array, "M"]) -> tuple:
+        """Every group's `expert_advance_heal_eos`."""
+        return tuple(expert_advance_heal_eos(g, s, symbols, active, forced) for g, s in zip(self.groups, state))
+
     def reorder(self, state: tuple, ancestors: Int[Array, "M"]) -> tuple:
         return tuple(g.reorder(s, ancestors) for g, s in zip(self.groups, state))
 
@@ -243,6 +247,18 @@ def expert_heal_eos(group: ExpertGroup, state: PyTree, forced: Bool[Array, "M"])
     `smc_jax.bytes.healing`); for the others the state is unchanged."""
     heal = getattr(group, "heal_eos", None)
     return heal(state, forced) if heal is not None else state
+
+
+def expert_advance_heal_eos(
+    group: ExpertGroup, state: PyTree, symbols: Int[Array, "M"], active: Bool[Array, "M"], forced: Bool[Array, "M"]
+) -> PyTree:
+    """`advance`, then `expert_heal_eos` for the particles in `forced` (those whose next symbol
+    will be EOS). Groups that can do both at once define `advance_heal_eos(state, symbols,
+    active, forced)` (byte-level experts: one loop of model calls, `ByteExperts._advance`)."""
+    both = getattr(group, "advance_heal_eos", None)
+    if both is not None:
+        return both(state, symbols, active, forced)
+    return expert_heal_eos(group, group.advance(state, symbols, active), forced)
 
 
 def stack_experts(experts: ExpertGroup | Sequence[ExpertGroup]) -> ExpertGroup:

@@ -89,6 +89,16 @@ class _PrefetchPlan(NamedTuple):
     valid: Bool[Array, "K EF"]
 
 
+class _Healing(NamedTuple):
+    """Token healing's progress inside a byte step (`ByteExperts._advance`), [M, K] each."""
+
+    plan: HealPlan
+    need: Bool[Array, "M K"]  # beams the byte emptied that heal
+    context: Int[Array, "M K"]  # the path's last context created so far
+    logp: Float[Array, "M K"]  # log p(the path's tokens so far)
+    want: Bool[Array, "M K"]  # beams whose path creates a context in this call
+
+
 class ByteExpertState(NamedTuple):
     beams: BeamState  # leaves [M, K, ...]
     stores: ContextStore  # stacked over the K experts
@@ -225,14 +235,14 @@ class ByteExperts(ModelExperts):
         parent: Int[Array, "M K R"],
         token: Int[Array, "M K R"],
         wanted: Bool[Array, "M K R"],
-        prefetch: bool = False,
+        prefetch: bool | Bool[Array, ""] = False,
         also_keep: Int[Array, "M K X"] | None = None,
     ) -> tuple[ContextStore, PrefetchCache, Int[Array, "M K R"]]:
         """Creates the wanted contexts parent + token with one model call for all particles,
         requests and K experts (none if nothing is wanted); returns them (NO_CONTEXT elsewhere).
-        The beams' contexts, the cache's and `also_keep` survive the call. With `prefetch` (and
-        prefetching on), the call also creates the prefetch candidates and they become the
-        cache; without a call the cache stays."""
+        The beams' contexts, the cache's and `also_keep` survive the call. With `prefetch` (a
+        bool, or a traced flag) and prefetching on, the call also creates the prefetch
+        candidates and they become the cache; without a call the cache stays."""
         beams, stores, cache = state
         m, k, r = wanted.shape
         flat = lambda x: jnp.moveaxis(x, 1, 0).reshape(k, -1)
@@ -241,10 +251,10 @@ class ByteExperts(ModelExperts):
         args = (stores, self.model, self.prefixes, flat(parent), flat(token), flat(wanted), keep, self._summarize,
                 # ~one fresh context per particle and step; prefetch rows may fill up to 4 times that
                 bucket_sizes(m * r, typical=m, doublings=2 if self.cache_slots and self.prefetch_rows else 1))
-        if not (prefetch and self.cache_slots):
+        if prefetch is False or not self.cache_slots:
             stores, created = extend_group(*args, chunk=self.row_chunk)
             return stores, cache, jnp.moveaxis(created.reshape(k, m, r), 0, 1)
-        called = jnp.any(wanted)
+        called = jnp.any(wanted) & prefetch
         # The searches matter only to a step that calls the model anyway: skipped otherwise (a
         # plain cond: its outputs are small [K, E + F] arrays, so no pool is copied).
         plan = lambda: self._plan_prefetch(stores, cache, beams)
@@ -364,36 +374,43 @@ class ByteExperts(ModelExperts):
         cache = cache._replace(hits=cache.hits + jnp.sum(hit, axis=1).astype(jnp.int32))
         return ByteExpertState(beams, stores, cache)
 
-    def _materialize(
-        self, state: ByteExpertState, parent: Int[Array, "M K C D"], token: Int[Array, "M K C D"], wanted: Bool[Array, "M K C D"]
-    ) -> ByteExpertState:
-        """Creates the wanted extension contexts (one call, see `_create`); records them in ext_context."""
-        flat = lambda x: x.reshape(x.shape[:2] + (-1,))
-        stores, cache, created = self._create(state, flat(parent), flat(token), flat(wanted), prefetch=True)
-        beams = state.beams
-        ext_context = jnp.where(wanted, created.reshape(wanted.shape), beams.ext_context)
-        return ByteExpertState(beams._replace(ext_context=ext_context), stores, cache)
-
     @jax.named_scope("byte refresh")
-    def _refresh(self, state: ByteExpertState, active: Bool[Array, "M K"]) -> ByteExpertState:
-        """Materializes the extensions the beams' next-byte distributions need (if any beam
-        needs one, the call also takes those the next shift could keep), then computes the
-        distributions. Extensions in the prefetch cache are taken from it first."""
+    def _refresh_requests(
+        self, state: ByteExpertState, active: Bool[Array, "M K"]
+    ) -> tuple[ByteExpertState, tuple[Int[Array, "M K C D"], Int[Array, "M K C D"], Bool[Array, "M K C D"]]]:
+        """The extensions the active beams' next-byte distributions need, after those found in
+        the prefetch cache (`_resolve`); if any beam needs one, also those the next shift could
+        keep. Returns the state and the requests (parent, token, wanted)."""
         state = self._resolve(state, active)
         reqs = jax.vmap(
             lambda table, beam: extension_requests(self.trie, table, beam, self.beam), in_axes=(0, 1), out_axes=1
         )(state.stores.summary, state.beams)  # [M, K, C, D]
         needed = reqs.next_byte & active[:, :, None, None]
         wanted = needed | (reqs.shift & active[:, :, None, None] & jnp.any(needed))
-        beams, stores, cache = self._materialize(state, reqs.parent, reqs.token, wanted)
+        return state, (reqs.parent, reqs.token, wanted)
+
+    @jax.named_scope("byte refresh")
+    def _refreshed(
+        self, state: ByteExpertState, wanted: Bool[Array, "M K C D"], created: Int[Array, "M K CD"], active: Bool[Array, "M K"]
+    ) -> BeamState:
+        """The beams with the created extensions recorded and the active ones' next-byte distributions."""
+        beams = state.beams._replace(ext_context=jnp.where(wanted, created.reshape(wanted.shape), state.beams.ext_context))
         next_logp, log_mass = jax.vmap(
             lambda table, beam: next_byte_logprobs(self.trie, table, beam, self.beam), in_axes=(0, 1), out_axes=1
-        )(stores.summary, beams)
-        beams = beams._replace(
+        )(state.stores.summary, beams)
+        return beams._replace(
             next_logp=jnp.where(active[:, :, None], next_logp, beams.next_logp),
             log_mass=jnp.where(active, log_mass, beams.log_mass),
         )
-        return ByteExpertState(beams, stores, cache)
+
+    def _refresh(self, state: ByteExpertState, active: Bool[Array, "M K"]) -> ByteExpertState:
+        """Materializes the extensions the beams' next-byte distributions need (one call, see
+        `_refresh_requests` and `_create`), then computes the distributions."""
+        state, (parent, token, wanted) = self._refresh_requests(state, active)
+        flat = lambda x: x.reshape(x.shape[:2] + (-1,))
+        stores, cache, created = self._create(state, flat(parent), flat(token), flat(wanted), prefetch=True)
+        state = ByteExpertState(state.beams, stores, cache)
+        return state._replace(beams=self._refreshed(state, wanted, created, active))
 
     def logprobs(self, state: ByteExpertState) -> Float[Array, "M K B1"]:
         return state.beams.next_logp
@@ -403,62 +420,175 @@ class ByteExperts(ModelExperts):
         byte = jnp.broadcast_to(jnp.clip(symbols, 0, NUM_BYTES - 1)[:, None], (symbols.shape[0], k))
         return self._advance(state, byte, jnp.broadcast_to(active[:, None], byte.shape))
 
-    @jax.named_scope("byte shift")
+    def advance_heal_eos(
+        self, state: ByteExpertState, symbols: Int[Array, "M"], active: Bool[Array, "M"], forced: Bool[Array, "M"]
+    ) -> ByteExpertState:
+        """`advance`, then `heal_eos(forced)` for the particles whose next symbol is EOS, in the
+        same loop of model calls (`_advance`): the step program holds one forward per model."""
+        if not self.beam.heal:
+            return self.advance(state, symbols, active)
+        k = self.num_experts
+        byte = jnp.broadcast_to(jnp.clip(symbols, 0, NUM_BYTES - 1)[:, None], (symbols.shape[0], k))
+        return self._advance(state, byte, jnp.broadcast_to(active[:, None], byte.shape),
+                             eos=jnp.broadcast_to(forced[:, None], byte.shape))
+
     def _advance(
-        self, state: ByteExpertState, byte: Int[Array, "M K"], active: Bool[Array, "M K"], refresh: bool = True
+        self, state: ByteExpertState, byte: Int[Array, "M K"], active: Bool[Array, "M K"], refresh: bool = True,
+        eos: Bool[Array, "M K"] | None = None,
     ) -> ByteExpertState:
         """Reads byte[m, k] into expert k's beam of particle m where active[m, k]; without
-        `refresh` (static) the next-byte distributions are left for a `_refresh` to compute."""
-        def per_expert(fn, state: ByteExpertState, *args):
-            return jax.vmap(fn, in_axes=(0, 1) + (1,) * len(args), out_axes=1)(state.stores.summary, state.beams, *args)
+        `refresh` (static) the next-byte distributions are left for a `_refresh` to compute.
+        With `eos` (healing on, with `refresh`), the beams where it is set are then EOS-healed
+        (`heal_eos`).
 
-        state = self._resolve(state, active)
-        plan = per_expert(lambda table, beam, b: plan_shift(self.trie, table, beam, b, self.beam), state, byte)
-        plan_beams = state.beams
-        parent, token, wanted = jax.vmap(shift_requests, in_axes=1, out_axes=1)(state.beams, plan)
-        wanted = wanted & active[:, :, None, None]
-        # A shift that calls the model also fetches the extensions the new beam's next-byte
-        # distribution may need (those whose parents exist now), so the refresh after it rarely
-        # calls again: one call per byte step instead of two.
-        ahead_parent, ahead_token, ahead = jax.vmap(lookahead_requests, in_axes=1, out_axes=1)(plan)
-        ahead = ahead & active[:, :, None, None] & jnp.any(wanted) & self.lookahead
-        both = lambda x, y: jnp.concatenate([x.reshape(x.shape[:2] + (-1,)), y.reshape(y.shape[:2] + (-1,))], axis=2)
-        stores, cache, created = self._create(
-            state, both(parent, ahead_parent), both(token, ahead_token), both(wanted, ahead), prefetch=True
-        )
-        shift_ctx, ahead_ctx = jnp.split(created, [wanted.shape[2] * wanted.shape[3]], axis=2)
-        ext_context = jnp.where(wanted, shift_ctx.reshape(wanted.shape), state.beams.ext_context)
-        state = ByteExpertState(state.beams._replace(ext_context=ext_context), stores, cache)
-        ahead_ctx = jnp.where(ahead, ahead_ctx.reshape(ahead.shape), NO_CONTEXT)
-        # Materializing adds contexts but changes none the plan read: the plan still holds.
-        shifted = per_expert(
-            lambda table, beam, b, p, a: shift(self.trie, table, beam, b, p, a), state, byte, plan, ahead_ctx
-        )
+        The step's model calls are made in order by one loop around one call site (`_create`),
+        so the program holds one forward per model whatever the features. Iteration
+
+            i = 0:           the shift (its kept extensions, and those the refresh may need);
+            1 <= i <= n:     token healing's token i (`smc_jax.bytes.healing`; n = the longest
+                             path, 0 unless a byte emptied a beam);
+            i = n + 1:       the refresh (with `refresh`);
+            n + 1 < i:       EOS healing's tokens (with `eos`; `heal_eos`).
+
+        Each iteration builds its requests (padded to the shift's width), makes the call (none
+        where nothing is wanted) and applies what it created."""
         m, k = active.shape
-        beams = jax.tree.map(
-            lambda new, old: jnp.where(active.reshape((m, k) + (1,) * (new.ndim - 2)), new, old), shifted, state.beams
-        )
-        state = state._replace(beams=beams)
-        if self.beam.heal:  # static: with heal off the program is the one without healing
-            state = self._heal(state, plan_beams, byte, active)
-        return self._refresh(state, active) if refresh else state
+        per_expert = lambda fn, table, beams, *args: jax.vmap(fn, in_axes=(0, 1) + (1,) * len(args), out_axes=1)(
+            table, beams, *args)
+        flat = lambda x: x.reshape(x.shape[:2] + (-1,))
+        with jax.named_scope("byte shift"):
+            state = self._resolve(state, active)
+            before = state.beams
+            plan = per_expert(lambda table, beam, b: plan_shift(self.trie, table, beam, b, self.beam),
+                              state.stores.summary, before, byte)
+            parent, token, wanted = jax.vmap(shift_requests, in_axes=1, out_axes=1)(before, plan)
+            wanted = wanted & active[:, :, None, None]
+            # A shift that calls the model also fetches the extensions the new beam's next-byte
+            # distribution may need (those whose parents exist now), so the refresh after it
+            # rarely calls again: one call per byte step instead of two.
+            ahead_parent, ahead_token, ahead = jax.vmap(lookahead_requests, in_axes=1, out_axes=1)(plan)
+            ahead = ahead & active[:, :, None, None] & jnp.any(wanted) & self.lookahead
+        both = lambda x, y: jnp.concatenate([flat(x), flat(y)], axis=2)
+        shift_rows = (both(parent, ahead_parent), both(token, ahead_token), both(wanted, ahead))
+        width, split = shift_rows[0].shape[2], wanted.shape[2] * wanted.shape[3]
+        pad = lambda x, fill: jnp.pad(x, ((0, 0), (0, 0), (0, width - x.shape[2])), constant_values=fill)
+        no_keep = jnp.full((m, k, 1), NO_CONTEXT, jnp.int32)
+        yes, no = jnp.ones((), bool), jnp.zeros((), bool)
+        heal = self.beam.heal  # static: with heal off the program is the one without healing
+        if heal:
+            healing = _Healing(self._plan_heal(before, byte), jnp.zeros((m, k), bool),
+                               jnp.full((m, k), NO_CONTEXT, jnp.int32), jnp.zeros((m, k), jnp.float32), jnp.zeros((m, k), bool))
+        else:
+            healing = None
+
+        # Requests of each kind of iteration: (state, healing, (parent, token, wanted), keep, prefetch).
+        def shift_requests_(i, n, state, healing):
+            return state.beams, state.cache, healing, shift_rows, no_keep, yes
+
+        @jax.named_scope("healing")
+        def heal_requests(i, n, state, healing):
+            j = jnp.where(i <= n, i - 1, i - n - 2)  # the token of the byte's path, or of EOS's
+            want = healing.need & (j < healing.plan.count)
+            position = jnp.take(healing.plan.positions, j, axis=2)
+            step_logp = per_expert(token_logprob, state.stores.summary, healing.context, position)
+            logp = jnp.where(want, healing.logp + step_logp, healing.logp)
+            rows = (pad(healing.context[..., None], NO_CONTEXT), pad(jnp.take(healing.plan.tokens, j, axis=2)[..., None], 0),
+                    pad(want[..., None], False))
+            # The path's current context must survive the call (no beam holds it).
+            keep = jnp.where(healing.need, healing.context, NO_CONTEXT)[..., None]
+            return state.beams, state.cache, healing._replace(logp=logp, want=want), rows, keep, no
+
+        def refresh_requests(i, n, state, healing):
+            state, rows = self._refresh_requests(state, active)
+            rows = tuple(pad(flat(x), fill) for x, fill in zip(rows, (NO_CONTEXT, 0, False)))
+            return state.beams, state.cache, healing, rows, no_keep, yes
+
+        # What each kind does with the created contexts: (beams, healing, n).
+        @jax.named_scope("byte shift")
+        def shifted(i, n, n_eos, state, healing, rows_wanted, created):
+            shift_ctx, ahead_ctx = jnp.split(created, [split], axis=2)
+            ext_context = jnp.where(wanted, shift_ctx.reshape(wanted.shape), before.ext_context)
+            table = state.stores.summary
+            ahead_ctx = jnp.where(ahead, ahead_ctx.reshape(ahead.shape), NO_CONTEXT)
+            # Materializing adds contexts but changes none the plan read: the plan still holds.
+            new = per_expert(lambda table, beam, b, p, a: shift(self.trie, table, beam, b, p, a),
+                             table, before._replace(ext_context=ext_context), byte, plan, ahead_ctx)
+            beams = jax.tree.map(lambda x, y: jnp.where(active.reshape((m, k) + (1,) * (x.ndim - 2)), x, y),
+                                 new, before._replace(ext_context=ext_context))
+            if not heal:
+                return beams, healing, n, n_eos
+            with jax.named_scope("healing"):
+                empty = active & ~jnp.isfinite(beams.log_mass)
+                heal_plan = self._plan_heal(before, byte, empty)
+                need = empty & heal_plan.found
+                count = jnp.where(need, heal_plan.count, 0)
+                # In a batch of problems all loop alike (no select of stores).
+                n = shared_max(jnp.max(count))
+            return beams, _Healing(heal_plan, need, heal_plan.source, heal_plan.source_logp, healing.want), n, n_eos
+
+        @jax.named_scope("healing")
+        def healed(i, n, n_eos, state, healing, rows_wanted, created):
+            return state.beams, healing._replace(context=jnp.where(healing.want, created[..., 0], healing.context)), n, n_eos
+
+        def refreshed(i, n, n_eos, state, healing, rows_wanted, created):
+            cd = wanted.shape[2] * wanted.shape[3]
+            beams = self._refreshed(state, rows_wanted[..., :cd].reshape(wanted.shape), created[..., :cd], active)
+            if eos is None:
+                return beams, healing, n, n_eos
+            with jax.named_scope("eos healing"):
+                zero = eos & ~jnp.isfinite(beams.next_logp[..., EOS_BYTE]) & jnp.isfinite(beams.log_mass)
+                plan = self._plan_heal(beams, jnp.full(zero.shape, EOS_BYTE, jnp.int32), zero)
+                need = zero & plan.found
+                n_eos = shared_max(jnp.max(jnp.where(need, plan.count, 0)))
+            return beams, _Healing(plan, need, plan.source, plan.source_logp, healing.want), n, n_eos
+
+        kinds = [(shift_requests_, shifted)] + ([(heal_requests, healed)] if heal else []) + (
+            [(refresh_requests, refreshed)] if refresh else [])
+        last = len(kinds) - 1
+
+        def body(carry):
+            i, n, n_eos, beams, stores, cache, healing = carry
+            if heal:  # shift, the byte's healing, refresh, EOS healing
+                kind = jnp.where(i == 0, 0, jnp.where(i <= n, 1, jnp.where(i == n + 1, last, 1)))
+            else:
+                kind = jnp.minimum(i, last)
+            current = ByteExpertState(beams, stores, cache)
+            beams, cache, healing, rows, keep, prefetch = jax.lax.switch(
+                kind, [fn for fn, _ in kinds], i, n, current, healing)
+            with jax.named_scope("byte step"):
+                stores, cache, created = self._create(ByteExpertState(beams, stores, cache), *rows, prefetch=prefetch,
+                                                      also_keep=keep)
+            current = ByteExpertState(beams, stores, cache)
+            beams, healing, n, n_eos = jax.lax.switch(
+                kind, [fn for _, fn in kinds], i, n, n_eos, current, healing, rows[2], created)
+            if heal:  # the beams the byte emptied take their healed paths after the last token
+                beams = jax.lax.cond(i == n, lambda: self._healed(stores, beams, before, byte, active, healing),
+                                     lambda: beams)
+            if eos is not None:  # and after EOS healing's last token, EOS its path's probability
+                beams = jax.lax.cond(i == n + 1 + n_eos, lambda: jax.vmap(healed_eos, in_axes=(0, 1, 1, 1, 1), out_axes=1)(
+                    stores.summary, beams, healing.need, healing.context, healing.logp), lambda: beams)
+            return i + 1, n, n_eos, beams, stores, cache, healing
+
+        if eos is not None and not (heal and refresh):
+            raise ValueError("EOS healing in a step needs healing on and the refresh")
+        calls = lambda carry: carry[0] < carry[1] + 1 + (1 if refresh else 0) + carry[2]
+        _, _, _, beams, stores, cache, _ = jax.lax.while_loop(
+            calls, body, (jnp.int32(0), jnp.int32(0), jnp.int32(0), state.beams, state.stores, state.cache, healing))
+        return ByteExpertState(beams, stores, cache)
 
     @jax.named_scope("healing")
-    def _heal(self, state: ByteExpertState, before: BeamState, byte: Int[Array, "M K"], active: Bool[Array, "M K"]) -> ByteExpertState:
-        """Token healing (`smc_jax.bytes.healing`) of the beams the byte emptied: plans every
-        candidate from the trie (only when some beam is empty), then creates the chosen path's
-        contexts (`_follow`)."""
-        empty = active & ~jnp.isfinite(state.beams.log_mass)
-        plan = self._plan_heal(before, byte, empty)
-        need = empty & plan.found
-        stores, context, logp = self._follow(state, plan, need)
+    def _healed(
+        self, stores: ContextStore, shifted: BeamState, before: BeamState, byte: Int[Array, "M K"], active: Bool[Array, "M K"],
+        healing: _Healing,
+    ) -> BeamState:
+        """The beams after the byte: those it emptied on their healed paths (`healed_beam`), a
+        byte of probability 0 read recorded (`zero_byte_logprob`)."""
         beams = jax.vmap(
             lambda table, shifted, old, heal, ctx, lp, node: healed_beam(self.trie, table, shifted, old, heal, ctx, lp, node),
             in_axes=(0, 1, 1, 1, 1, 1, 1), out_axes=1,
-        )(stores.summary, state.beams, before, need, context, logp, plan.node)
+        )(stores.summary, shifted, before, healing.need, healing.context, healing.logp, healing.plan.node)
         beams = jax.vmap(zero_byte_logprob, in_axes=1, out_axes=1)(before, beams, byte)
-        beams = beams._replace(healed=beams.healed & active, healed_logp=jnp.where(active, beams.healed_logp, 0.0))
-        return ByteExpertState(beams, stores, state.cache)
+        return beams._replace(healed=beams.healed & active, healed_logp=jnp.where(active, beams.healed_logp, 0.0))
 
     @jax.named_scope("eos healing")
     def heal_eos(self, state: ByteExpertState, forced: Bool[Array, "M"]) -> ByteExpertState:
@@ -485,11 +615,12 @@ class ByteExperts(ModelExperts):
         beams = jax.vmap(healed_eos, in_axes=(0, 1, 1, 1, 1), out_axes=1)(stores.summary, beams, need, context, logp)
         return ByteExpertState(beams, stores, state.cache)
 
-    def _plan_heal(self, beams: BeamState, byte: Int[Array, "M K"], wanted: Bool[Array, "M K"]) -> HealPlan:
-        """`plan_heal` of every beam, computed only when some beam is `wanted` (else all not found)."""
+    def _plan_heal(self, beams: BeamState, byte: Int[Array, "M K"], wanted: Bool[Array, "M K"] | None = None) -> HealPlan:
+        """`plan_heal` of every beam, computed only when some beam is `wanted` (else, and with
+        `wanted` None, all not found)."""
         plan_fn = jax.vmap(lambda beam, b: plan_heal(self.trie, beam, b, self.beam), in_axes=(1, 1), out_axes=1)
         blank = jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), jax.eval_shape(plan_fn, beams, byte))
-        return jax.lax.cond(jnp.any(wanted), lambda: plan_fn(beams, byte), lambda: blank)
+        return blank if wanted is None else jax.lax.cond(jnp.any(wanted), lambda: plan_fn(beams, byte), lambda: blank)
 
     def _follow(
         self, state: ByteExpertState, plan: HealPlan, need: Bool[Array, "M K"]

@@ -24,7 +24,8 @@ strings over active ones -- copies that add no diversity, since a finished strin
 At the length limit L the only admissible symbol is EOS: the proposal puts all its mass
 there and the weight gains log psi(EOS | x), so the sampler targets phi restricted to strings of
 length <= L, unbiasedly (`at_max_length="eos"`). Before that step, experts that give EOS
-probability 0 may heal it (`expert_heal_eos`: byte beams back off to a token boundary).
+probability 0 may heal it (`expert_advance_heal_eos`, along with the advance that reaches the
+limit: byte beams back off to a token boundary).
 `at_max_length="truncate"` instead stops particles at L without that factor; their strings are
 marked unfinished and their weights are psi(x) / q(x) - a different (prefix) target, reported,
 never hidden. Nothing reads the experts after the last symbol there, so they are not advanced by
@@ -51,7 +52,7 @@ import numpy as np
 from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray
 
 from smc_jax.smc.ensemble import Ensemble
-from smc_jax.experts.base import ExpertGroup, expert_failure, expert_heal_eos, expert_stats, stack_experts
+from smc_jax.experts.base import ExpertGroup, expert_advance_heal_eos, expert_failure, expert_stats, stack_experts
 from smc_jax.smc import progress as progress_hooks
 from smc_jax.smc.draw import draw_symbols
 from smc_jax.smc.resampling import RESAMPLERS, effective_sample_size, get_resampler, resample_within
@@ -245,11 +246,6 @@ class SMC:
         ESS is low) and `record` (the trace row of this step).
         """
         key, key_sample, key_resample = jax.random.split(state.key, 3)
-        forces_eos = self.forces_eos
-        if forces_eos is not False:
-            # At the limit EOS must be read: an expert that gives it 0 may heal it (byte beams).
-            forced = (state.step >= self.limit) & ~state.done & forces_eos
-            state = state._replace(expert_state=expert_heal_eos(experts, state.expert_state, forced))
         logp = experts.logprobs(state.expert_state)
         # The expert-group contract at the engine's boundary (static shapes: no run-time cost).
         chex.assert_shape(logp, (self.num_particles, experts.num_experts, experts.alphabet_size + 1))
@@ -327,6 +323,13 @@ class SMC:
         # (for a language model, a call whose next-token distribution nobody would use).
         forces_eos = self.forces_eos
         read_on = extend if forces_eos is True else extend & ((state.step + 1 < self.limit) | forces_eos)
+        if forces_eos is False:
+            expert_state = experts.advance(state.expert_state, symbols, read_on)
+        else:
+            # At the limit EOS must be read: an expert that gives it 0 may heal it (byte beams),
+            # for the particles that reach the limit now, along with their advance.
+            forced = extend & (state.step + 1 >= self.limit) & forces_eos
+            expert_state = expert_advance_heal_eos(experts, state.expert_state, symbols, read_on, forced)
         return state._replace(
             symbols=jnp.where(write, symbols[:, None], state.symbols),
             lengths=state.lengths + extend.astype(jnp.int32),
@@ -334,7 +337,7 @@ class SMC:
             eos=state.eos | took_eos,
             log_weights=log_weights,
             log_prefix=log_prefix,
-            expert_state=experts.advance(state.expert_state, symbols, read_on),
+            expert_state=expert_state,
         )
 
     @jax.named_scope("resampling")

@@ -163,3 +163,54 @@ def test_the_heal_plan_program_does_not_grow_with_the_back_off():
         for config in (BeamConfig(width=2, threshold=0.6, heal_max_backoff=j) for j in (2, 16))
     ]
     assert sizes[0] == sizes[1], sizes
+
+
+def test_advancing_and_healing_eos_in_one_loop_matches_one_after_the_other():
+    """`advance_heal_eos` (the step's one loop of model calls, `ByteExperts._advance`) gives
+    the beams of `advance` followed by `heal_eos`: the same distributions, masses and heals,
+    with EOS healed on strings whose beam gave it 0 and untouched where it is not forced."""
+    _, experts = _make(2, 0.3, seed=1)
+    start = jax.jit(lambda e: e.init(1))(experts)
+    read = jax.jit(lambda e, s, b: e.advance(s, b, jnp.ones((1,), bool)))
+    apart = jax.jit(lambda e, s, b, forced: e.heal_eos(e.advance(s, b, jnp.ones((1,), bool)), forced))
+    together = jax.jit(lambda e, s, b, forced: e.advance_heal_eos(s, b, jnp.ones((1,), bool), forced))
+    healed = 0
+    for x in STRINGS:
+        state = start
+        for b in x[:-1]:
+            state = read(experts, state, jnp.asarray([b], jnp.int32))
+        last = jnp.asarray([x[-1]], jnp.int32)
+        for forced in (jnp.ones((1,), bool), jnp.zeros((1,), bool)):
+            want = jax.tree.map(np.asarray, apart(experts, state, last, forced).beams)
+            got = jax.tree.map(np.asarray, together(experts, state, last, forced).beams)
+            for field in ("next_logp", "log_mass", "logp", "weight"):
+                np.testing.assert_allclose(getattr(got, field), getattr(want, field), rtol=1e-6, atol=1e-6, err_msg=(x, field))
+            np.testing.assert_array_equal(got.heals, want.heals)
+            healed += int(bool(forced[0])) * int(want.heals[0, 0] > np.asarray(read(experts, state, last).beams.heals)[0, 0])
+    assert healed > 0, healed
+
+
+def test_a_byte_step_holds_one_model_call_site():
+    """A step's model calls (the shift's, token healing's, the refresh's and EOS healing's) go
+    through one call site: tracing `advance_heal_eos` traces the model's step as often as one
+    call does (once per batch-size bucket), not once per call site."""
+    _, experts = _make(2, 0.3, seed=1)
+    state = experts.init(2)
+    traced = []
+    original = type(experts.model).step
+
+    def counting(self, *args, **kwargs):
+        traced.append(1)
+        return original(self, *args, **kwargs)
+
+    active = jnp.ones((2,), bool)
+    try:
+        type(experts.model).step = counting
+        jax.make_jaxpr(lambda s: experts._refresh(s, jnp.ones((2, 1), bool)))(state)
+        one_call = len(traced)
+        traced.clear()
+        jax.make_jaxpr(lambda s: experts.advance_heal_eos(s, jnp.zeros((2,), jnp.int32), active, active))(state)
+        step = len(traced)
+    finally:
+        type(experts.model).step = original
+    assert one_call > 0 and step == one_call, (one_call, step)
