@@ -22,6 +22,9 @@ Contract (checked by the reusable tests in tests/experts_contract.py):
 * `reorder(state, ancestors)` returns the state of particles `ancestors` (resampling).
 * optionally, `failure(state)` (host side, after a run) returns an exception (or a message) when the group
   could not represent the run faithfully (e.g. a cache ran out of room), else None.
+* optionally, `heal_eos(state, forced)` gives EOS a probability where it had 0 for the particles
+  that must read it next (`expert_heal_eos`), and `advance_heal_eos(state, symbols, active,
+  forced)` does `advance` and then that in one pass (`expert_advance_heal_eos`).
 
 Everything is pure and jittable; groups are pytrees so that their parameters are arguments of
 the jitted sampler rather than constants baked into it.

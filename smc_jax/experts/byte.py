@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 import weakref
+from functools import partial
 from typing import NamedTuple
 
 import jax
@@ -52,6 +53,7 @@ from smc_jax.models.contexts import NO_CONTEXT, PROMPT_CONTEXT, ContextStore, bu
 from smc_jax.models.lm import LanguageModel
 from smc_jax.utils.buckets import geometric_bucket
 from smc_jax.utils.compilation import stored_jit
+from smc_jax.utils.control import in_place_cond, in_place_switch
 from smc_jax.utils.problems import shared_max
 
 
@@ -391,13 +393,14 @@ class ByteExperts(ModelExperts):
 
     @jax.named_scope("byte refresh")
     def _refreshed(
-        self, state: ByteExpertState, wanted: Bool[Array, "M K C D"], created: Int[Array, "M K CD"], active: Bool[Array, "M K"]
+        self, stores: ContextStore, beams: BeamState, wanted: Bool[Array, "M K C D"], created: Int[Array, "M K CD"],
+        active: Bool[Array, "M K"],
     ) -> BeamState:
         """The beams with the created extensions recorded and the active ones' next-byte distributions."""
-        beams = state.beams._replace(ext_context=jnp.where(wanted, created.reshape(wanted.shape), state.beams.ext_context))
+        beams = beams._replace(ext_context=jnp.where(wanted, created.reshape(wanted.shape), beams.ext_context))
         next_logp, log_mass = jax.vmap(
             lambda table, beam: next_byte_logprobs(self.trie, table, beam, self.beam), in_axes=(0, 1), out_axes=1
-        )(state.stores.summary, beams)
+        )(stores.summary, beams)
         return beams._replace(
             next_logp=jnp.where(active[:, :, None], next_logp, beams.next_logp),
             log_mass=jnp.where(active, log_mass, beams.log_mass),
@@ -409,8 +412,7 @@ class ByteExperts(ModelExperts):
         state, (parent, token, wanted) = self._refresh_requests(state, active)
         flat = lambda x: x.reshape(x.shape[:2] + (-1,))
         stores, cache, created = self._create(state, flat(parent), flat(token), flat(wanted), prefetch=True)
-        state = ByteExpertState(state.beams, stores, cache)
-        return state._replace(beams=self._refreshed(state, wanted, created, active))
+        return ByteExpertState(self._refreshed(stores, state.beams, wanted, created, active), stores, cache)
 
     def logprobs(self, state: ByteExpertState) -> Float[Array, "M K B1"]:
         return state.beams.next_logp
@@ -452,6 +454,8 @@ class ByteExperts(ModelExperts):
 
         Each iteration builds its requests (padded to the shift's width), makes the call (none
         where nothing is wanted) and applies what it created."""
+        if eos is not None and not (self.beam.heal and refresh):
+            raise ValueError("EOS healing in a step needs healing on and the refresh")
         m, k = active.shape
         per_expert = lambda fn, table, beams, *args: jax.vmap(fn, in_axes=(0, 1) + (1,) * len(args), out_axes=1)(
             table, beams, *args)
@@ -481,70 +485,74 @@ class ByteExperts(ModelExperts):
         else:
             healing = None
 
-        # Requests of each kind of iteration: (state, healing, (parent, token, wanted), keep, prefetch).
-        def shift_requests_(i, n, state, healing):
-            return state.beams, state.cache, healing, shift_rows, no_keep, yes
+        # Each kind of iteration's requests, from and to (stores, beams, cache, healing, rows, keep,
+        # prefetch); then what it does with the contexts created, from and to (stores, beams,
+        # healing, n, n_eos). Branches are in-place loops (`in_place_switch`): the stores pass through.
+        def shift_requests_(i, n, carry):
+            stores, beams, cache, healing, _, _, _ = carry
+            return stores, beams, cache, healing, shift_rows, no_keep, yes
 
         @jax.named_scope("healing")
-        def heal_requests(i, n, state, healing):
+        def heal_requests(i, n, carry):
+            stores, beams, cache, healing, _, _, _ = carry
             j = jnp.where(i <= n, i - 1, i - n - 2)  # the token of the byte's path, or of EOS's
             want = healing.need & (j < healing.plan.count)
             position = jnp.take(healing.plan.positions, j, axis=2)
-            step_logp = per_expert(token_logprob, state.stores.summary, healing.context, position)
+            step_logp = per_expert(token_logprob, stores.summary, healing.context, position)
             logp = jnp.where(want, healing.logp + step_logp, healing.logp)
             rows = (pad(healing.context[..., None], NO_CONTEXT), pad(jnp.take(healing.plan.tokens, j, axis=2)[..., None], 0),
                     pad(want[..., None], False))
             # The path's current context must survive the call (no beam holds it).
             keep = jnp.where(healing.need, healing.context, NO_CONTEXT)[..., None]
-            return state.beams, state.cache, healing._replace(logp=logp, want=want), rows, keep, no
+            return stores, beams, cache, healing._replace(logp=logp, want=want), rows, keep, no
 
-        def refresh_requests(i, n, state, healing):
-            state, rows = self._refresh_requests(state, active)
+        def refresh_requests(i, n, carry):
+            stores, beams, cache, healing, _, _, _ = carry
+            state, rows = self._refresh_requests(ByteExpertState(beams, stores, cache), active)
             rows = tuple(pad(flat(x), fill) for x, fill in zip(rows, (NO_CONTEXT, 0, False)))
-            return state.beams, state.cache, healing, rows, no_keep, yes
+            return stores, state.beams, state.cache, healing, rows, no_keep, yes
 
-        # What each kind does with the created contexts: (beams, healing, n).
         @jax.named_scope("byte shift")
-        def shifted(i, n, n_eos, state, healing, rows_wanted, created):
+        def shifted(i, rows_wanted, created, carry):
+            stores, _, healing, n, n_eos = carry
             shift_ctx, ahead_ctx = jnp.split(created, [split], axis=2)
-            ext_context = jnp.where(wanted, shift_ctx.reshape(wanted.shape), before.ext_context)
-            table = state.stores.summary
+            materialized = before._replace(ext_context=jnp.where(wanted, shift_ctx.reshape(wanted.shape), before.ext_context))
             ahead_ctx = jnp.where(ahead, ahead_ctx.reshape(ahead.shape), NO_CONTEXT)
             # Materializing adds contexts but changes none the plan read: the plan still holds.
             new = per_expert(lambda table, beam, b, p, a: shift(self.trie, table, beam, b, p, a),
-                             table, before._replace(ext_context=ext_context), byte, plan, ahead_ctx)
-            beams = jax.tree.map(lambda x, y: jnp.where(active.reshape((m, k) + (1,) * (x.ndim - 2)), x, y),
-                                 new, before._replace(ext_context=ext_context))
+                             stores.summary, materialized, byte, plan, ahead_ctx)
+            beams = jax.tree.map(lambda x, y: jnp.where(active.reshape((m, k) + (1,) * (x.ndim - 2)), x, y), new, materialized)
             if not heal:
-                return beams, healing, n, n_eos
+                return stores, beams, healing, n, n_eos
             with jax.named_scope("healing"):
                 empty = active & ~jnp.isfinite(beams.log_mass)
                 heal_plan = self._plan_heal(before, byte, empty)
                 need = empty & heal_plan.found
-                count = jnp.where(need, heal_plan.count, 0)
                 # In a batch of problems all loop alike (no select of stores).
-                n = shared_max(jnp.max(count))
-            return beams, _Healing(heal_plan, need, heal_plan.source, heal_plan.source_logp, healing.want), n, n_eos
+                n = shared_max(jnp.max(jnp.where(need, heal_plan.count, 0)))
+            return stores, beams, _Healing(heal_plan, need, heal_plan.source, heal_plan.source_logp, healing.want), n, n_eos
 
         @jax.named_scope("healing")
-        def healed(i, n, n_eos, state, healing, rows_wanted, created):
-            return state.beams, healing._replace(context=jnp.where(healing.want, created[..., 0], healing.context)), n, n_eos
+        def healed(i, rows_wanted, created, carry):
+            stores, beams, healing, n, n_eos = carry
+            return stores, beams, healing._replace(context=jnp.where(healing.want, created[..., 0], healing.context)), n, n_eos
 
-        def refreshed(i, n, n_eos, state, healing, rows_wanted, created):
+        def refreshed(i, rows_wanted, created, carry):
+            stores, beams, healing, n, n_eos = carry
             cd = wanted.shape[2] * wanted.shape[3]
-            beams = self._refreshed(state, rows_wanted[..., :cd].reshape(wanted.shape), created[..., :cd], active)
+            beams = self._refreshed(stores, beams, rows_wanted[..., :cd].reshape(wanted.shape), created[..., :cd], active)
             if eos is None:
-                return beams, healing, n, n_eos
+                return stores, beams, healing, n, n_eos
             with jax.named_scope("eos healing"):
-                zero = eos & ~jnp.isfinite(beams.next_logp[..., EOS_BYTE]) & jnp.isfinite(beams.log_mass)
-                plan = self._plan_heal(beams, jnp.full(zero.shape, EOS_BYTE, jnp.int32), zero)
-                need = zero & plan.found
-                n_eos = shared_max(jnp.max(jnp.where(need, plan.count, 0)))
-            return beams, _Healing(plan, need, plan.source, plan.source_logp, healing.want), n, n_eos
+                plan_eos, need = self._plan_heal_eos(beams, eos)
+                n_eos = shared_max(jnp.max(jnp.where(need, plan_eos.count, 0)))
+            return stores, beams, _Healing(plan_eos, need, plan_eos.source, plan_eos.source_logp, healing.want), n, n_eos
 
         kinds = [(shift_requests_, shifted)] + ([(heal_requests, healed)] if heal else []) + (
             [(refresh_requests, refreshed)] if refresh else [])
         last = len(kinds) - 1
+        blank_rows = (jnp.full(shift_rows[0].shape, NO_CONTEXT, jnp.int32), jnp.zeros(shift_rows[1].shape, jnp.int32),
+                      jnp.zeros(shift_rows[2].shape, bool))
 
         def body(carry):
             i, n, n_eos, beams, stores, cache, healing = carry
@@ -552,25 +560,21 @@ class ByteExperts(ModelExperts):
                 kind = jnp.where(i == 0, 0, jnp.where(i <= n, 1, jnp.where(i == n + 1, last, 1)))
             else:
                 kind = jnp.minimum(i, last)
-            current = ByteExpertState(beams, stores, cache)
-            beams, cache, healing, rows, keep, prefetch = jax.lax.switch(
-                kind, [fn for fn, _ in kinds], i, n, current, healing)
+            stores, beams, cache, healing, rows, keep, prefetch = in_place_switch(
+                kind, [partial(fn, i, n) for fn, _ in kinds], (stores, beams, cache, healing, blank_rows, no_keep, no))
             with jax.named_scope("byte step"):
                 stores, cache, created = self._create(ByteExpertState(beams, stores, cache), *rows, prefetch=prefetch,
                                                       also_keep=keep)
-            current = ByteExpertState(beams, stores, cache)
-            beams, healing, n, n_eos = jax.lax.switch(
-                kind, [fn for _, fn in kinds], i, n, n_eos, current, healing, rows[2], created)
+            stores, beams, healing, n, n_eos = in_place_switch(
+                kind, [partial(fn, i, rows[2], created) for _, fn in kinds], (stores, beams, healing, n, n_eos))
             if heal:  # the beams the byte emptied take their healed paths after the last token
-                beams = jax.lax.cond(i == n, lambda: self._healed(stores, beams, before, byte, active, healing),
-                                     lambda: beams)
+                stores, beams = in_place_cond(
+                    i == n, lambda c: (c[0], self._healed(c[0], c[1], before, byte, active, healing)), (stores, beams))
             if eos is not None:  # and after EOS healing's last token, EOS its path's probability
-                beams = jax.lax.cond(i == n + 1 + n_eos, lambda: jax.vmap(healed_eos, in_axes=(0, 1, 1, 1, 1), out_axes=1)(
-                    stores.summary, beams, healing.need, healing.context, healing.logp), lambda: beams)
+                stores, beams = in_place_cond(i == n + 1 + n_eos, lambda c: (c[0], self._healed_eos(
+                    c[0], c[1], healing.need, healing.context, healing.logp)), (stores, beams))
             return i + 1, n, n_eos, beams, stores, cache, healing
 
-        if eos is not None and not (heal and refresh):
-            raise ValueError("EOS healing in a step needs healing on and the refresh")
         calls = lambda carry: carry[0] < carry[1] + 1 + (1 if refresh else 0) + carry[2]
         _, _, _, beams, stores, cache, _ = jax.lax.while_loop(
             calls, body, (jnp.int32(0), jnp.int32(0), jnp.int32(0), state.beams, state.stores, state.cache, healing))
@@ -608,12 +612,20 @@ class ByteExperts(ModelExperts):
             return state
         beams = state.beams
         forced = forced if forced.ndim == 2 else forced[:, None]
+        plan, need = self._plan_heal_eos(beams, forced)
+        stores, context, logp = self._follow(state, plan, need)
+        return ByteExpertState(self._healed_eos(stores, beams, need, context, logp), stores, state.cache)
+
+    def _plan_heal_eos(self, beams: BeamState, forced: Bool[Array, "M K"]) -> tuple[HealPlan, Bool[Array, "M K"]]:
+        """EOS healing's plan, and the forced beams that heal: those giving EOS 0 with a path found."""
         zero = forced & ~jnp.isfinite(beams.next_logp[..., EOS_BYTE]) & jnp.isfinite(beams.log_mass)
         plan = self._plan_heal(beams, jnp.full(zero.shape, EOS_BYTE, jnp.int32), zero)
-        need = zero & plan.found
-        stores, context, logp = self._follow(state, plan, need)
-        beams = jax.vmap(healed_eos, in_axes=(0, 1, 1, 1, 1), out_axes=1)(stores.summary, beams, need, context, logp)
-        return ByteExpertState(beams, stores, state.cache)
+        return plan, zero & plan.found
+
+    def _healed_eos(
+        self, stores: ContextStore, beams: BeamState, need: Bool[Array, "M K"], context: Int[Array, "M K"], logp: Float[Array, "M K"]
+    ) -> BeamState:
+        return jax.vmap(healed_eos, in_axes=(0, 1, 1, 1, 1), out_axes=1)(stores.summary, beams, need, context, logp)
 
     def _plan_heal(self, beams: BeamState, byte: Int[Array, "M K"], wanted: Bool[Array, "M K"] | None = None) -> HealPlan:
         """`plan_heal` of every beam, computed only when some beam is `wanted` (else, and with

@@ -31,6 +31,7 @@ import numpy as np
 from flax import struct
 from jaxtyping import Array, Bool, Float, Int
 
+from smc_jax.utils.control import in_place_cond
 from smc_jax.utils.problems import shared_max
 
 PyTree = Any
@@ -281,20 +282,6 @@ def _chunked_step(model, prefix, pool, summary, paths, depth, token, write_entry
     return pool, summary, chunks * chunk
 
 
-def _in_place_cond(pred: Bool[Array, ""], fn: Callable[[PyTree], PyTree], operand: PyTree) -> PyTree:
-    """fn(operand) if pred else operand, as a while loop that runs its body at most once.
-
-    Why not `lax.cond`/`lax.switch`: XLA gives a conditional's result buffers of its own, so
-    every branch, the pass-through one included, copies the whole operand (here the KV pool and
-    every context's sum tree: hundreds of MB per call on CPU, even at steps that call nothing).
-    A while loop updates its carry in place."""
-
-    def body(carry: tuple[Bool[Array, ""], PyTree]) -> tuple[Bool[Array, ""], PyTree]:
-        return jnp.zeros((), bool), fn(carry[1])
-
-    return jax.lax.while_loop(lambda carry: carry[0], body, (pred, operand))[1]
-
-
 def bucket_sizes(max_requests: int, typical: int, doublings: int = 1) -> tuple[int, ...]:
     """Batch sizes of the model call: half and once the `typical` number of unique requests per
     step, that doubled `doublings` times, and the worst case `max_requests`. Each size compiles
@@ -323,7 +310,7 @@ def extend_group(
     """`extend_contexts` for K experts of one model (stores and prefixes stacked on axis 0).
 
     Requests are deduplicated per expert; the bucket is the smallest size holding every expert's
-    unique count, chosen outside the vmap over experts (so only that size runs; `_in_place_cond`),
+    unique count, chosen outside the vmap over experts (so only that size runs; `in_place_cond`),
     and a step without requests calls nothing. Returns the new context of every request.
 
     `optional` (parent, token, valid) lists requests in priority order that ride along when a
@@ -405,7 +392,7 @@ def extend_group(
 
     carry = (stores, jnp.full((k, r + e), NO_CONTEXT, jnp.int32))
     for index, size in enumerate(buckets, start=1):
-        carry = _in_place_cond(branch == index, make_branch(size), carry)
+        carry = in_place_cond(branch == index, make_branch(size), carry)
     stores, created = carry
     at_row = lambda rows: jnp.take_along_axis(created, jnp.clip(rows, 0, r + e - 1), axis=1)
     new_ctx = jnp.where(valid & (reqs.inverse < r), at_row(reqs.inverse), NO_CONTEXT)
