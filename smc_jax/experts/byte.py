@@ -418,9 +418,11 @@ class ByteExperts(ModelExperts):
         return state.beams.next_logp
 
     def advance(self, state: ByteExpertState, symbols: Int[Array, "M"], active: Bool[Array, "M"]) -> ByteExpertState:
-        k = self.num_experts
-        byte = jnp.broadcast_to(jnp.clip(symbols, 0, NUM_BYTES - 1)[:, None], (symbols.shape[0], k))
-        return self._advance(state, byte, jnp.broadcast_to(active[:, None], byte.shape))
+        return self._advance(state, self._per_expert(jnp.clip(symbols, 0, NUM_BYTES - 1)), self._per_expert(active))
+
+    def _per_expert(self, x: Array) -> Array:
+        """[M] -> [M, K]: the same value for every expert."""
+        return jnp.broadcast_to(x[:, None], (x.shape[0], self.num_experts))
 
     def advance_heal_eos(
         self, state: ByteExpertState, symbols: Int[Array, "M"], active: Bool[Array, "M"], forced: Bool[Array, "M"]
@@ -429,10 +431,8 @@ class ByteExperts(ModelExperts):
         same loop of model calls (`_advance`): the step program holds one forward per model."""
         if not self.beam.heal:
             return self.advance(state, symbols, active)
-        k = self.num_experts
-        byte = jnp.broadcast_to(jnp.clip(symbols, 0, NUM_BYTES - 1)[:, None], (symbols.shape[0], k))
-        return self._advance(state, byte, jnp.broadcast_to(active[:, None], byte.shape),
-                             eos=jnp.broadcast_to(forced[:, None], byte.shape))
+        return self._advance(state, self._per_expert(jnp.clip(symbols, 0, NUM_BYTES - 1)), self._per_expert(active),
+                             eos=self._per_expert(forced))
 
     def _advance(
         self, state: ByteExpertState, byte: Int[Array, "M K"], active: Bool[Array, "M K"], refresh: bool = True,
