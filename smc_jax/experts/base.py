@@ -184,7 +184,19 @@ class ExpertStack:
         return tuple(g.advance(s, symbols, active) for g, s in zip(self.groups, state))
 
     def advance_heal_eos(self, state: tuple, symbols: Int[Array, "M"], active: Bool[Array, "M"], forced: Bool[Array, "M"]) -> tuple:
-        """Every group's `expert_advance_heal_eos`."""
+        """Every group's `expert_advance_heal_eos`.
+
+        Parameters
+        ----------
+        state : tuple
+            The stack's state.
+        symbols : jax.Array, shape [M], int
+            Each particle's next symbol.
+        active : jax.Array, shape [M], bool
+            The particles that read it.
+        forced : jax.Array, shape [M], bool
+            The particles whose symbol after it is EOS.
+        """
         return tuple(expert_advance_heal_eos(g, s, symbols, active, forced) for g, s in zip(self.groups, state))
 
     def reorder(self, state: tuple, ancestors: Int[Array, "M"]) -> tuple:
