@@ -37,7 +37,7 @@ from smc_jax.models.lm import LanguageModel, Prompt, prefill_prompts
 from smc_jax.models.tokenizer import check_prompt
 from smc_jax.settings import CAPACITY_GROWTH, CONTEXTS_PER_BEAM_SLOT, DEFAULTS, MAX_CAPACITY_SCALE, Level, SamplerSettings
 from smc_jax.smc.sharding import ParamRules, check_mesh, resolve_rules, sample_sharded, shard_experts
-from smc_jax.smc.batch import sample_problems
+from smc_jax.smc.batch import check_problem_mesh, sample_problems
 from smc_jax.smc.engine import SMC, length_bucket
 from smc_jax.smc.result import SMCResult
 from smc_jax.scoring import scorer_for
@@ -406,6 +406,7 @@ class EnsembleSampler:
         batch_size: int | None = None,
         constraints: Sequence[Automaton | Sequence[Automaton]] | None = None,
         allow_zero_weight: bool = False,
+        mesh: Mesh | None = None,
     ) -> list[SMCResult | RuntimeError]:
         """Samples B problems in batches, each batch one program over a problem axis
         (`smc_jax.smc.batch`): problem b's experts are the sampler's models under `prompts[b]`
@@ -428,6 +429,10 @@ class EnsembleSampler:
             to one state count per batch.
         allow_zero_weight : bool
             Return a problem's result even when its particles all end at zero weight.
+        mesh : jax.sharding.Mesh, optional
+            A `smc_jax.smc.batch.problem_mesh`: each batch's problems are split over its
+            "problems" axis (`batch_size` a multiple of its size) and each problem's particles
+            over its "particles" axis (M a multiple of its size), possibly across processes.
 
         Returns
         -------
@@ -445,7 +450,8 @@ class EnsembleSampler:
         if len(seeds) != len(prompts):
             raise ValueError(f"{len(seeds)} seeds for {len(prompts)} problems; give one seed per problem (or one int)")
         if self.mesh is not None:
-            raise ValueError("a batch of problems runs on one device; use EnsembleSampler without mesh=")
+            raise ValueError("a batch of problems takes its own mesh: build the EnsembleSampler without mesh= and "
+                             "pass sample_problems(..., mesh=smc_jax.smc.batch.problem_mesh(...))")
         if constraints is not None:
             constraints = [as_constraints(c) for c in constraints]
             if len(constraints) != len(prompts) or len({len(c) for c in constraints}) > 1:
@@ -456,17 +462,19 @@ class EnsembleSampler:
         size = len(prompts) if batch_size is None else int(batch_size)
         if size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size!r}")
+        if mesh is not None:
+            check_problem_mesh(mesh, size, self.settings.num_particles)
         results: list[SMCResult | RuntimeError] = []
         for start in range(0, len(prompts), size):
             chunk = list(range(start, min(start + size, len(prompts))))
             padded = chunk + [chunk[0]] * (size - len(chunk))
             results += self._sample_batch([prompts[i] for i in padded], [seeds[i] for i in padded],
                                           None if constraints is None else [constraints[i] for i in padded],
-                                          allow_zero_weight)[: len(chunk)]
+                                          allow_zero_weight, mesh)[: len(chunk)]
         return results
 
     def _sample_batch(self, prompts: list[list[Prompt]], seeds: list[int], constraints: list | None,
-                      allow_zero_weight: bool) -> list:
+                      allow_zero_weight: bool, mesh: Mesh | None = None) -> list:
         """One batch of `sample_problems`; problems that overflow their stores are run again, as
         a batch of their own, with grown capacities."""
         start = time.perf_counter()
@@ -484,7 +492,8 @@ class EnsembleSampler:
             groups = self._problem_groups([prompts[b] for b in todo], scale,
                                           None if constraints is None else [constraints[b] for b in todo])
             for b, result in zip(todo, sample_problems(self._smc, keys[np.asarray(todo)], groups, ensemble,
-                                                       decode=self._decode(), allow_zero_weight=allow_zero_weight)):
+                                                       decode=self._decode(), allow_zero_weight=allow_zero_weight,
+                                                       mesh=mesh)):
                 results[b] = result
             todo = [b for b in todo if isinstance(results[b], ContextStoreOverflowError)]
             if scale >= MAX_CAPACITY_SCALE:

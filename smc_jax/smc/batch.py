@@ -29,12 +29,13 @@ from smc_jax.smc import progress as progress_hooks
 from smc_jax.smc.engine import SMC, finish
 from smc_jax.smc.ensemble import Ensemble
 from smc_jax.smc.result import SMCResult
+from smc_jax.smc.sharding import PARTICLES, state_specs
 from smc_jax.smc.state import SMCState
 from smc_jax.utils.problems import PROBLEMS
 
 PyTree = Any
 
-__all__ = ["gather_problems", "problem_mesh", "problem_results", "run_problems", "sample_problems", "stack_problems"]
+__all__ = ["check_problem_mesh", "gather_problems", "problem_mesh", "problem_results", "run_problems", "sample_problems", "stack_problems"]
 
 
 def stack_problems(groups: Sequence[ExpertGroup | Sequence[ExpertGroup]]) -> tuple[ExpertGroup, tuple[bool, ...]]:
@@ -91,15 +92,27 @@ def _over_problems(fn: Callable, shared: tuple[bool, ...], experts: ExpertGroup,
     return jax.vmap(one, axis_name=PROBLEMS)(batched, *args)
 
 
-def _init_problems(smc: SMC, shared: tuple[bool, ...], impl: Any, key_data: Array, experts: ExpertGroup,
-                   ensemble: Ensemble) -> SMCState:
+def _pin(state: SMCState, mesh: Mesh | None) -> SMCState:
+    """`state` laid out on a mesh with a "particles" axis: problem b on the devices of row b's
+    group, its particle-major leaves split over the row (`state_specs` of one problem, with the
+    problem axis in front). Without one (or with one device per row) it is left to XLA."""
+    if mesh is None or mesh.shape.get(PARTICLES, 1) == 1:
+        return state
+    one = jax.tree.map(lambda leaf: jax.ShapeDtypeStruct(leaf.shape[1:], leaf.dtype), state)
+    specs = jax.tree.map(lambda spec: NamedSharding(mesh, P(PROBLEMS, *spec)), state_specs(one, mesh),
+                         is_leaf=lambda x: isinstance(x, P))
+    return jax.lax.with_sharding_constraint(state, specs)
+
+
+def _init_problems(smc: SMC, shared: tuple[bool, ...], mesh: Mesh | None, impl: Any, key_data: Array,
+                   experts: ExpertGroup, ensemble: Ensemble) -> SMCState:
     # Keys cross as their data: a mesh over processes places plain arrays (typed keys need not).
     keys = jax.random.wrap_key_data(key_data, impl=impl)
-    return _over_problems(lambda group, key: smc.init(key, group, ensemble), shared, experts, keys)
+    return _pin(_over_problems(lambda group, key: smc.init(key, group, ensemble), shared, experts, keys), mesh)
 
 
-def _advance_problems(smc: SMC, shared: tuple[bool, ...], knobs, state: SMCState, experts: ExpertGroup, ensemble: Ensemble,
-                      stop: Int[Array, ""]) -> SMCState:
+def _advance_problems(smc: SMC, shared: tuple[bool, ...], mesh: Mesh | None, knobs, state: SMCState,
+                      experts: ExpertGroup, ensemble: Ensemble, stop: Int[Array, ""]) -> SMCState:
     """`SMC.advance` of every problem, in one loop that runs while any problem goes on."""
     traced = smc.with_knobs(knobs)
     stop = jnp.minimum(stop, traced.step_limit)
@@ -114,12 +127,12 @@ def _advance_problems(smc: SMC, shared: tuple[bool, ...], knobs, state: SMCState
         return new._replace(step=frozen(new.step, s.step), key=jax.lax.select(keep, new.key, s.key),
                             trace=jax.tree.map(frozen, new.trace, s.trace))
 
-    return jax.lax.while_loop(lambda s: jnp.any(jax.vmap(going)(s)), lambda s: _over_problems(step, shared, experts, s),
-                              state)
+    return jax.lax.while_loop(lambda s: jnp.any(jax.vmap(going)(s)),
+                              lambda s: _pin(_over_problems(step, shared, experts, s), mesh), state)
 
 
-_init_problems_jitted = jax.jit(_init_problems, static_argnums=(0, 1, 2))
-_advance_problems_jitted = jax.jit(_advance_problems, static_argnums=(0, 1), donate_argnums=(3,))
+_init_problems_jitted = jax.jit(_init_problems, static_argnums=(0, 1, 2, 3))
+_advance_problems_jitted = jax.jit(_advance_problems, static_argnums=(0, 1, 2), donate_argnums=(4,))
 _finish_problems_jitted = jax.jit(jax.vmap(finish))
 
 
@@ -127,9 +140,10 @@ def run_problems(smc: SMC, keys: PRNGKeyArray, experts: ExpertGroup, shared: tup
                  ensemble: Ensemble, mesh: Mesh | None = None) -> SMCState:
     """The final states of B problems (leading axis), run together (see the module docstring).
 
-    With a `mesh` (one axis, "problems", over the devices of one or several processes:
-    `problem_mesh`), the problems are split over its devices (data parallel; B a multiple of
-    its size) and the experts' shared leaves are replicated; the returned arrays are global
+    With a `mesh` (axes "problems" and "particles", over the devices of one or several
+    processes: `problem_mesh`), the problems are split over its "problems" axis (data parallel;
+    B a multiple of its size), each problem's particles over its "particles" axis (M a multiple
+    of that size), and the experts' shared leaves are replicated; the returned arrays are global
     (`gather_problems` brings them to every process).
 
     Parameters
@@ -155,22 +169,20 @@ def run_problems(smc: SMC, keys: PRNGKeyArray, experts: ExpertGroup, shared: tup
     quiet, knobs = smc.split_knobs()
     impl, key_data = jax.random.key_impl(keys), jax.random.key_data(keys)
     if mesh is not None:
-        if key_data.shape[0] % mesh.size:
-            raise ValueError(f"{key_data.shape[0]} problems cannot be split evenly over {mesh.size} devices; "
-                             "pad the batch to a multiple of the mesh size")
+        check_problem_mesh(mesh, key_data.shape[0], smc.num_particles)
         leaves, treedef = jax.tree.flatten(experts)
         experts = jax.tree.unflatten(treedef, [_place(leaf, mesh, not same) for leaf, same in zip(leaves, shared)])
         key_data = _place(key_data, mesh, True)
         # Every input of a program over several processes is a global array: the rest replicated.
         ensemble, knobs = jax.tree.map(lambda leaf: _place(leaf, mesh, False), (ensemble, knobs))
     stop = lambda step: np.int32(step) if mesh is None else _place(np.int32(step), mesh, False)  # noqa: E731
-    state = _init_problems_jitted(quiet, shared, impl, key_data, experts, ensemble)
+    state = _init_problems_jitted(quiet, shared, mesh, impl, key_data, experts, ensemble)
     if not smc.progress:
-        return _finish_problems_jitted(_advance_problems_jitted(quiet, shared, knobs, state, experts, ensemble,
+        return _finish_problems_jitted(_advance_problems_jitted(quiet, shared, mesh, knobs, state, experts, ensemble,
                                                                stop(smc.num_steps)))
     step = 0
     while step < smc.num_steps:
-        state = _advance_problems_jitted(quiet, shared, knobs, state, experts, ensemble, stop(step + 1))
+        state = _advance_problems_jitted(quiet, shared, mesh, knobs, state, experts, ensemble, stop(step + 1))
         step, active = int(jnp.max(state.step)), int(jnp.sum(~state.done))
         progress_hooks.report(step - 1, active)
         if active == 0:
@@ -178,15 +190,48 @@ def run_problems(smc: SMC, keys: PRNGKeyArray, experts: ExpertGroup, shared: tup
     return _finish_problems_jitted(state)
 
 
-def problem_mesh(devices: Sequence[jax.Device] | None = None) -> Mesh:
-    """A one-axis mesh ("problems") over `devices` (default: every device of every process).
+def problem_mesh(devices: Sequence[jax.Device] | None = None, particles: int = 1) -> Mesh:
+    """A ("problems", "particles") mesh over `devices` (default: every device of every process,
+    in `jax.devices()` order, so a row of `particles` devices lies within one process when
+    each process holds a multiple of `particles`).
 
     Parameters
     ----------
     devices : sequence of jax.Device, optional
         The devices.
+    particles : int
+        Devices per problem: its particles are split over them.
     """
-    return Mesh(np.asarray(jax.devices() if devices is None else list(devices)), (PROBLEMS,))
+    devices = list(jax.devices() if devices is None else devices)
+    if particles < 1 or len(devices) % particles:
+        raise ValueError(f"particles={particles} must be >= 1 and divide the number of devices ({len(devices)})")
+    return Mesh(np.asarray(devices).reshape(-1, particles), (PROBLEMS, PARTICLES))
+
+
+def check_problem_mesh(mesh: Mesh, num_problems: int, num_particles: int) -> None:
+    """The mesh has the axes of `problem_mesh`, its "problems" axis divides B and its
+    "particles" axis divides M (else a ValueError saying what to do).
+
+    Parameters
+    ----------
+    mesh : jax.sharding.Mesh
+        The mesh.
+    num_problems : int
+        B.
+    num_particles : int
+        M.
+    """
+    if PROBLEMS not in mesh.shape or not set(mesh.axis_names) <= {PROBLEMS, PARTICLES}:
+        raise ValueError(f"a batch of problems needs a mesh with the axes {(PROBLEMS, PARTICLES)}, got "
+                         f"{tuple(mesh.axis_names)}; build it with problem_mesh")
+    rows, columns = mesh.shape[PROBLEMS], mesh.shape.get(PARTICLES, 1)
+    if num_problems % rows:
+        raise ValueError(f"{num_problems} problems cannot be split evenly over the {rows} rows of the mesh's "
+                         f"{PROBLEMS!r} axis; pad the batch to a multiple of {rows}")
+    if num_particles % columns:
+        raise ValueError(f"num_particles={num_particles} cannot be split over the {columns} devices of the mesh's "
+                         f"{PARTICLES!r} axis; use a multiple of {columns} particles, or problem_mesh(particles=...) "
+                         "with fewer")
 
 
 def _place(leaf: Any, mesh: Mesh, split: bool) -> jax.Array:

@@ -15,7 +15,7 @@ from smc_jax.experts.base import ExpertStack
 from smc_jax.experts.token import TokenExperts
 from smc_jax.experts.toy import NGramExpert, NGramTokenLM
 from smc_jax.smc import SMC, ZeroWeightError
-from smc_jax.smc.batch import sample_problems, stack_problems
+from smc_jax.smc.batch import check_problem_mesh, problem_mesh, sample_problems, stack_problems
 from smc_jax.smc.ensemble import make_ensemble
 from smc_jax.utils.compilation import count_compilations
 
@@ -103,9 +103,27 @@ def test_shared_leaves_are_passed_once():
     assert len(shared) == len(jax.tree.leaves(groups[0])) and any(shared) and not all(shared)
 
 
-def test_two_processes_split_the_problems_and_give_one_process_results(tmp_path):
-    """`python -m tests.helpers.problem_processes` twice, a `jax.distributed` mesh of their two CPU
-    devices on 127.0.0.1: two problems per process, the results gathered, equal to one process's."""
+def test_a_mesh_that_does_not_fit_the_batch_says_what_to_do():
+    from jax.sharding import AbstractMesh
+
+    mesh = AbstractMesh((2, 4), ("problems", "particles"))
+    check_problem_mesh(mesh, 6, 8)
+    with pytest.raises(ValueError, match="pad the batch to a multiple of 2"):
+        check_problem_mesh(mesh, 5, 8)
+    with pytest.raises(ValueError, match="use a multiple of 4 particles"):
+        check_problem_mesh(mesh, 6, 10)
+    with pytest.raises(ValueError, match="build it with problem_mesh"):
+        check_problem_mesh(AbstractMesh((2, 1), ("particles", "model")), 6, 8)
+    with pytest.raises(ValueError, match="divide the number of devices"):
+        problem_mesh(particles=jax.device_count() + 1)
+
+
+@pytest.mark.parametrize("particles", [1, 2])
+def test_two_processes_split_the_problems_and_give_one_process_results(tmp_path, particles):
+    """`python -m tests.helpers.problem_processes` twice, a `jax.distributed` mesh of their CPU
+    devices on 127.0.0.1: two problems per process, each problem's particles split over
+    `particles` devices of its process, the results gathered, equal to one process's (bit for
+    bit but the ESS, whose sum over particles is split across devices)."""
     import os
     import socket
     import subprocess
@@ -117,8 +135,11 @@ def test_two_processes_split_the_problems_and_give_one_process_results(tmp_path)
         port = sock.getsockname()[1]
     out = tmp_path / "results.npz"
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"} | {"JAX_PLATFORMS": "cpu"}
+    if particles > 1:
+        env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={particles}"
     root = Path(__file__).resolve().parents[2]
-    workers = [subprocess.Popen([sys.executable, "-m", "tests.helpers.problem_processes", str(i), str(port), str(out)],
+    workers = [subprocess.Popen([sys.executable, "-m", "tests.helpers.problem_processes", str(i), str(port), str(out),
+                                 str(particles)],
                                 cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
                for i in range(2)]
     logs = [w.communicate(timeout=600)[0] for w in workers]
@@ -131,5 +152,8 @@ def test_two_processes_split_the_problems_and_give_one_process_results(tmp_path)
     for b, group in enumerate(groups):
         want = SMC8(keys[b], group, ensemble, allow_zero_weight=True)
         for field in FIELDS:
-            np.testing.assert_array_equal(saved[f"{b}/{field}"], getattr(want, field), err_msg=f"{b} {field}")
+            if field == "ess" and particles > 1:
+                np.testing.assert_allclose(saved[f"{b}/{field}"], want.ess, rtol=1e-6, err_msg=f"{b} ess")
+            else:
+                np.testing.assert_array_equal(saved[f"{b}/{field}"], getattr(want, field), err_msg=f"{b} {field}")
         assert float(saved[f"{b}/log_Z"]) == want.log_Z
