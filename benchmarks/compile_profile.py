@@ -13,10 +13,14 @@ token program (SmolLM2 under two prompts, M = 8, 40 tokens), with the persistent
   Each equation goes to the innermost of the library's named scopes (`jax.named_scope`)
   around it; a forward's equations go to the call site that asked for it;
 * the byte program once more with healing off (`heal=False`), whose compile seconds show what
-  healing costs.
+  healing costs;
+* compile seconds by part (`--backend`): each program compiled again in a child process with
+  XLA:CPU's timing logs on, which give the HLO passes' seconds, the backend's (kernel emission
+  and LLVM), and each kernel's LLVM seconds; a kernel goes to the part of the operation it was
+  fused from (its `op_name` in the compiled HLO, the same named scopes).
 
 Writes benchmarks/results/compile_profile.{json,md}.
-Run: python -m benchmarks.compile_profile [--only byte token no-heal]
+Run: python -m benchmarks.compile_profile [--only byte token no-heal] [--backend]
 """
 
 from __future__ import annotations
@@ -24,7 +28,11 @@ from __future__ import annotations
 import argparse
 import collections
 import dataclasses
+import json
 import os
+import re
+import subprocess
+import sys
 import time
 from typing import Any
 
@@ -101,6 +109,41 @@ def count_parts(jaxpr, counts: collections.Counter, forwards: collections.Counte
             count_parts(sub, counts, forwards, stack, forward_site)
 
 
+#: XLA:CPU's timing logs (absl VLOG): HLO passes, the backend, and each kernel's LLVM module.
+XLA_LOGS = {"TF_CPP_MIN_LOG_LEVEL": "0", "TF_CPP_VMODULE": "cpu_compiler=1,ir_compiler=1"}
+_SECONDS = r"time: ([\d.]+) (us|ms|s) "
+_UNIT = {"us": 1e-6, "ms": 1e-3, "s": 1.0}
+
+
+def kernel_parts(hlo_text: str) -> dict[str, str]:
+    """Each instruction of a compiled HLO module (its kernels are named after them) -> its part."""
+    parts = {}
+    for line in hlo_text.splitlines():
+        found = re.match(r"\s*(?:ROOT )?%?([\w.\-]+) = ", line)
+        if found:
+            stack = (re.search(r'op_name="([^"]*)"', line) or [None, ""])[1]
+            scope = innermost(stack, SCOPES)
+            parts[found[1]] = ("model forward" if "paged_decode" in stack else SCOPES[scope] if scope
+                               else "SMC step (rest)" if stack else "copies and layout (no op_name)")
+    return parts
+
+
+def backend_seconds(log: str, hlo_text: str) -> dict[str, Any]:
+    """The `advance` program's compile seconds from XLA's logs: HLO passes, backend, kernels,
+    and LLVM seconds by part (summed over the compile threads)."""
+    total = lambda what: sum(float(m[1]) * _UNIT[m[2]] for m in re.finditer(what + _SECONDS, log))  # noqa: E731
+    parts, by_part = kernel_parts(hlo_text), collections.Counter()
+    # Its kernels are logged between the end of its HLO passes and the end of its backend.
+    start = log.find("Running HLO passes on [jit__advance]")
+    own = log[start: log.find("Compiling [jit__advance] for CPU using JIT", start)]
+    kernels = re.findall(r"Compiled LLVM module: __compute_module_(\S+?)(?:_kernel_module)? " + _SECONDS, own)
+    for name, value, unit in kernels:
+        by_part[parts.get(name, "copies and layout (no op_name)")] += float(value) * _UNIT[unit]
+    return {"hlo_passes_s": total(r"Running HLO passes on \[jit__advance\] for CPU "),
+            "backend_s": total(r"Compiling \[jit__advance\] for CPU using JIT "),
+            "kernels": len(kernels), "llvm_thread_s": sum(by_part.values()), "llvm_s_by_part": dict(by_part)}
+
+
 def profile(name: str, sampler: EnsembleSampler) -> tuple[dict[str, Any], collections.Counter, collections.Counter]:
     """Builds the experts, then traces, lowers and compiles the `advance` program of `sampler`."""
     start = time.perf_counter()
@@ -131,12 +174,24 @@ def profile(name: str, sampler: EnsembleSampler) -> tuple[dict[str, Any], collec
         "jaxpr_eqns": sum(counts.values()), "stablehlo_chars": hlo_chars, "forwards": sum(forwards.values()),
     }
     print(row, flush=True)
+    row["_hlo"] = compiled.as_text()
     return row, counts, forwards
+
+
+def run_backend_child(key: str) -> dict[str, Any]:
+    """`--backend-child key` in a fresh process with XLA's timing logs on; its parsed figures."""
+    done = subprocess.run([sys.executable, "-m", "benchmarks.compile_profile", "--backend-child", key],
+                          env=dict(os.environ, **XLA_LOGS), capture_output=True, text=True, check=False)
+    if done.returncode:
+        raise RuntimeError(f"compile_profile --backend-child {key} failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.compile_profile", description=__doc__.split("\n\n")[0])
     parser.add_argument("--only", nargs="*", choices=["byte", "no-heal", "token"], help="programs to profile")
+    parser.add_argument("--backend", action="store_true", help="also compile seconds by part (a child per program)")
+    parser.add_argument("--backend-child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     jax.config.update("jax_enable_compilation_cache", False)  # every program compiles here
     smol, gemma = load_model("smollm2-135m-instruct"), load_model("gemma3-270m")
@@ -148,20 +203,52 @@ def main() -> None:
             level="token", num_particles=8, max_length=40),
     }
     keys = {"byte": "byte (default demo)", "no-heal": "byte, heal=False", "token": "token (SmolLM2 x 2 prompts)"}
+    if args.backend_child:  # stderr holds XLA's logs: read them back and print the figures
+        log = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"compile_profile_{os.getpid()}.log")
+        saved = os.dup(2)
+        with open(log, "w") as sink:
+            os.dup2(sink.fileno(), 2)
+            row, _, _ = profile(keys[args.backend_child], programs[keys[args.backend_child]]())
+            os.dup2(saved, 2)
+        with open(log) as f:
+            text = f.read()
+        os.remove(log)
+        print(json.dumps(backend_seconds(text, row["_hlo"])))
+        return
     wanted = [keys[k] for k in args.only] if args.only else list(programs)
     rows, parts, sites = [], {}, {}
     for name in wanted:
         row, counts, forwards = profile(name, programs[name]())
+        row.pop("_hlo")
         rows.append(row)
         parts[name], sites[name] = dict(counts.most_common()), dict(forwards.most_common())
+    backend = {}
+    if args.backend:
+        for key, name in keys.items():
+            if name in wanted:
+                backend[name] = run_backend_child(key)
+                print(name, backend[name], flush=True)
     columns = ["program", "build_s", "trace_s", "lower_s", "compile_s", "run_s", "jaxpr_eqns", "stablehlo_chars", "forwards"]
     part_rows = [{"part": part, **{name: parts[name].get(part, 0) for name in wanted}}
                  for part in sorted({p for c in parts.values() for p in c}, key=lambda p: -max(c.get(p, 0) for c in parts.values()))]
     site_rows = [{"call site": site, **{name: sites[name].get(site, 0) for name in wanted}}
                  for site in sorted({s for c in sites.values() for s in c})]
+    if backend:
+        names = [n for n in wanted if n in backend]
+        totals = [{"figure": label, **{n: backend[n][field] for n in names}} for field, label in (
+            ("hlo_passes_s", "HLO passes (s)"), ("backend_s", "backend: kernel emission and LLVM (s)"),
+            ("kernels", "kernels compiled"), ("llvm_thread_s", "LLVM, summed over threads (s)"))]
+        by_part = sorted({p for n in names for p in backend[n]["llvm_s_by_part"]},
+                         key=lambda p: -max(backend[n]["llvm_s_by_part"].get(p, 0) for n in names))
+        totals += [{"figure": f"LLVM (s): {p}", **{n: backend[n]["llvm_s_by_part"].get(p, 0.0) for n in names}}
+                   for p in by_part]
+        appendix_backend = ("\n\n## compile seconds by part (XLA's logs, a child process per program)\n\n"
+                            + markdown_table(totals, ["figure", *names]))
+    else:
+        appendix_backend = ""
     appendix = ("## jaxpr equations by part\n\n" + markdown_table(part_rows, ["part", *wanted])
                 + "\n\n## model forwards by call site (each model counted)\n\n"
-                + markdown_table(site_rows, ["call site", *wanted]))
+                + markdown_table(site_rows, ["call site", *wanted]) + appendix_backend)
     notes = ("Persistent compilation cache off. build_s: prompt prefill and start state (their own programs); "
              "trace/lower/compile/run: the step loop (`advance`), run = one whole run of it. forwards: model "
              "forwards in the step loop (a call site with several batch-size buckets holds one per bucket). "
@@ -169,7 +256,7 @@ def main() -> None:
              "16 s against 24 s but ran 1.6x slower, with other floats; level 1, xla_llvm_disable_expensive_passes "
              "and xla_cpu_parallel_codegen_split_count=4 did not shorten compiling.")
     print(save("compile_profile", rows, columns, {"prompt": PROMPT}, notes, appendix=appendix,
-               extra={"parts": parts, "forwards_by_call_site": sites}))
+               extra={"parts": parts, "forwards_by_call_site": sites, "backend": backend}))
     print(appendix)
 
 

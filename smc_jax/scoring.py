@@ -71,28 +71,31 @@ def prompt_size(n: int) -> int:
 
 
 def _read(
-    experts: ByteExperts, state: ByteExpertState, data: jax.Array, offset: jax.Array, lengths: jax.Array
-) -> tuple[ByteExpertState, jax.Array, jax.Array]:
+    experts: ByteExperts, state: ByteExpertState, previous: jax.Array, data: jax.Array, offset: jax.Array,
+    lengths: jax.Array,
+) -> tuple[ByteExpertState, tuple[jax.Array, jax.Array, jax.Array, jax.Array]]:
     """Positions i = offset..offset+C-1 of every pair (one particle, K experts = pairs; data[k]
-    holds pair k's bytes there): for i <= length the next-byte distributions after i bytes are
-    computed (`_refresh`); at i = length EOS is healed (`ByteExperts.heal_eos`: every string
-    ends, so EOS must be read); for i < length byte i is read. The refresh comes first, so the
-    state between runs needs no model call to start. Returns the state, the conditionals [C, K]
-    (0 past a pair's end) and the beams' log mass after each refresh [C, K]."""
+    holds pair k's bytes there, previous[k] those at i - 1), each one byte step of the
+    sampler's (`ByteExperts._advance`: one loop of model calls, one call site): byte i - 1 is
+    read where 1 <= i <= length, the next-byte distributions after i bytes are computed where
+    i <= length, and at i = length EOS is healed (every string ends, so EOS must be read).
+    Returns the state and, per position [C, K]: log p(byte i) by the distribution after i bytes
+    (0 from a pair's end on), whether byte i - 1 was healed and then its log-probability (which
+    replaces the distribution's 0), and the beams' log mass after the refresh."""
+    heal = experts.beam.heal
 
     def body(state, inputs):
-        byte, position = inputs  # [K], []
-        state = experts._refresh(state, (position <= lengths)[None])
-        state = experts.heal_eos(state, (position == lengths)[None])
-        active = (position < lengths)[None]
-        logp = jnp.take_along_axis(state.beams.next_logp[0], byte[:, None], axis=1)[:, 0]
-        mass = state.beams.log_mass[0]
-        state = experts._advance(state, byte[None], active, refresh=False)
-        logp = jnp.where(state.beams.healed[0], state.beams.healed_logp[0], logp)  # a healed byte had p = 0
-        return state, (jnp.where(active[0], logp, 0.0), mass)
+        byte, before, position = inputs  # [K], [K], []
+        reading, refresh = (position >= 1) & (position <= lengths), position <= lengths
+        state = experts._advance(state, before[None], reading[None], refresh_active=refresh[None],
+                                 eos=(position == lengths)[None] if heal else None)
+        beams = state.beams
+        logp = jnp.take_along_axis(beams.next_logp[0], byte[:, None], axis=1)[:, 0]
+        healed = beams.healed[0] & reading
+        return state, (jnp.where(position < lengths, logp, 0.0), healed, jnp.where(healed, beams.healed_logp[0], 0.0),
+                       beams.log_mass[0])
 
-    state, (cond, mass) = jax.lax.scan(body, state, (data.T, offset + jnp.arange(data.shape[1])))
-    return state, cond, mass
+    return jax.lax.scan(body, state, (data.T, previous.T, offset + jnp.arange(data.shape[1])))
 
 
 class ByteScorer:
@@ -207,21 +210,21 @@ class ByteScorer:
         data = np.zeros((len(pairs), chunks * width), np.int32)
         for i, d in enumerate(datas):
             data[i, : len(d)] = np.frombuffer(d, np.uint8)
+        previous = np.pad(data[:, :-1], ((0, 0), (1, 0)))  # the byte before each position
         lengths = np.asarray([len(d) for d in datas], np.int32)
         while True:
             experts, shape = self._experts([p for p, _ in pairs], max(1, longest), self.scale)
-            state, conds, masses = self._start(experts), [], []
+            state, reads = self._start(experts), []
             start_heals = np.asarray(state.beams.heals)  # read before the state is donated
             for c in range(chunks):  # dispatched without waiting: one sync at the end
-                offset = c * width
-                state, cond, mass = self._read(experts, state, data[:, offset : offset + width],
-                                               np.int32(offset), lengths)
-                conds.append(cond)
-                masses.append(mass)
+                window = slice(c * width, (c + 1) * width)
+                state, read = self._read(experts, state, previous[:, window], data[:, window], np.int32(c * width),
+                                         lengths)
+                reads.append(read)
             self.shapes.add(shape)
             beams = state.beams
-            out = jax.device_get((masses[0], start_heals, beams.log_mass, beams.next_logp, beams.heals,
-                                  state.stores.overflow, conds))
+            out = jax.device_get((reads[0][3], start_heals, beams.log_mass, beams.next_logp, beams.heals,
+                                  state.stores.overflow, reads))
             if not np.any(out[5]):
                 break
             if self.scale >= MAX_CAPACITY_SCALE:
@@ -229,8 +232,9 @@ class ByteScorer:
             self.scale *= CAPACITY_GROWTH  # the store only holds what is alive: no result changes
         # [particle 0] of the beams' arrays, and the log mass after the refresh at position 0
         start_mass, start_heals, log_mass, next_logps, heals = (x[0] for x in out[:5])
-        conds = out[6]
-        conditionals = np.concatenate(conds, axis=0)  # [chunks * C, K]
+        logp, healed, healed_logp, _ = (np.concatenate(parts, axis=0) for parts in zip(*out[6]))  # [chunks * C, K]
+        # Byte j's conditional: its healed log-probability, read at position j + 1, where it healed.
+        conditionals = np.where(healed[1:], healed_logp[1:], logp[:-1])
         results = []
         for i, d in enumerate(datas):
             prefix = float(log_mass[i] - start_mass[i])

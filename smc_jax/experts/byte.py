@@ -436,11 +436,12 @@ class ByteExperts(ModelExperts):
 
     def _advance(
         self, state: ByteExpertState, byte: Int[Array, "M K"], active: Bool[Array, "M K"], refresh: bool = True,
-        eos: Bool[Array, "M K"] | None = None,
+        eos: Bool[Array, "M K"] | None = None, refresh_active: Bool[Array, "M K"] | None = None,
     ) -> ByteExpertState:
         """Reads byte[m, k] into expert k's beam of particle m where active[m, k]; without
-        `refresh` (static) the next-byte distributions are left for a `_refresh` to compute.
-        With `eos` (healing on, with `refresh`), the beams where it is set are then EOS-healed
+        `refresh` (static) the next-byte distributions are left for a `_refresh` to compute,
+        with it they are computed where `refresh_active` (default: `active`). With `eos`
+        (healing on, with `refresh`), the beams where it is set are then EOS-healed
         (`heal_eos`).
 
         The step's model calls are made in order by one loop around one call site (`_create`),
@@ -457,6 +458,7 @@ class ByteExperts(ModelExperts):
         if eos is not None and not (self.beam.heal and refresh):
             raise ValueError("EOS healing in a step needs healing on and the refresh")
         m, k = active.shape
+        refresh_active = active if refresh_active is None else refresh_active
         per_expert = lambda fn, table, beams, *args: jax.vmap(fn, in_axes=(0, 1) + (1,) * len(args), out_axes=1)(
             table, beams, *args)
         flat = lambda x: x.reshape(x.shape[:2] + (-1,))
@@ -508,7 +510,7 @@ class ByteExperts(ModelExperts):
 
         def refresh_requests(i, n, carry):
             stores, beams, cache, healing, _, _, _ = carry
-            state, rows = self._refresh_requests(ByteExpertState(beams, stores, cache), active)
+            state, rows = self._refresh_requests(ByteExpertState(beams, stores, cache), refresh_active)
             rows = tuple(pad(flat(x), fill) for x, fill in zip(rows, (NO_CONTEXT, 0, False)))
             return stores, state.beams, state.cache, healing, rows, no_keep, yes
 
@@ -539,8 +541,8 @@ class ByteExperts(ModelExperts):
 
         def refreshed(i, rows_wanted, created, carry):
             stores, beams, healing, n, n_eos = carry
-            cd = wanted.shape[2] * wanted.shape[3]
-            beams = self._refreshed(stores, beams, rows_wanted[..., :cd].reshape(wanted.shape), created[..., :cd], active)
+            beams = self._refreshed(stores, beams, rows_wanted[..., :split].reshape(wanted.shape), created[..., :split],
+                                    refresh_active)
             if eos is None:
                 return stores, beams, healing, n, n_eos
             with jax.named_scope("eos healing"):
@@ -598,8 +600,9 @@ class ByteExperts(ModelExperts):
     def heal_eos(self, state: ByteExpertState, forced: Bool[Array, "M"]) -> ByteExpertState:
         """EOS healing (`smc_jax.bytes.healing.healed_eos`) for the particles that must read EOS
         next (`forced`): where a beam gives EOS probability 0, one tokenization of its string
-        that ends at a token boundary is followed (its contexts created by `_follow`) and EOS
-        gets that path's probability. A no-op with healing off and where EOS is possible.
+        that ends at a token boundary is followed (its contexts created by the step's loop of
+        model calls, `_advance`, with no byte read) and EOS gets that path's probability. A no-op
+        with healing off and where EOS is possible.
 
         Parameters
         ----------
@@ -610,11 +613,13 @@ class ByteExperts(ModelExperts):
         """
         if not self.beam.heal:
             return state
-        beams = state.beams
-        forced = forced if forced.ndim == 2 else forced[:, None]
-        plan, need = self._plan_heal_eos(beams, forced)
-        stores, context, logp = self._follow(state, plan, need)
-        return ByteExpertState(self._healed_eos(stores, beams, need, context, logp), stores, state.cache)
+        shape = state.beams.log_mass.shape  # [M, K]
+        forced = jnp.broadcast_to(forced if forced.ndim == 2 else forced[:, None], shape)
+        nothing = jnp.zeros(shape, bool)  # no byte read, no distribution recomputed: only EOS healing's calls
+        new = self._advance(state, jnp.zeros(shape, jnp.int32), nothing, eos=forced, refresh_active=nothing)
+        # The last byte's record stays: no byte was read here.
+        beams = new.beams._replace(healed=state.beams.healed, healed_logp=state.beams.healed_logp)
+        return new._replace(beams=beams)
 
     def _plan_heal_eos(self, beams: BeamState, forced: Bool[Array, "M K"]) -> tuple[HealPlan, Bool[Array, "M K"]]:
         """EOS healing's plan, and the forced beams that heal: those giving EOS 0 with a path found."""
@@ -633,34 +638,6 @@ class ByteExperts(ModelExperts):
         plan_fn = jax.vmap(lambda beam, b: plan_heal(self.trie, beam, b, self.beam), in_axes=(1, 1), out_axes=1)
         blank = jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), jax.eval_shape(plan_fn, beams, byte))
         return blank if wanted is None else jax.lax.cond(jnp.any(wanted), lambda: plan_fn(beams, byte), lambda: blank)
-
-    def _follow(
-        self, state: ByteExpertState, plan: HealPlan, need: Bool[Array, "M K"]
-    ) -> tuple[ContextStore, Int[Array, "M K"], Float[Array, "M K"]]:
-        """Creates the planned paths' contexts one token at a time, each one call batched over
-        particles and experts (a loop that runs zero times when nothing is needed): the stores,
-        each path's last context and log p(its tokens)."""
-        count = jnp.where(need, plan.count, 0)
-        per_expert = lambda fn: jax.vmap(fn, in_axes=(0, 1, 1), out_axes=1)
-
-        def body(carry):
-            stores, context, logp, i = carry
-            want = need & (i < count)
-            position = jnp.take(plan.positions, i, axis=2)
-            logp = jnp.where(want, logp + per_expert(token_logprob)(stores.summary, context, position), logp)
-            # The path's current context must survive the call (no beam holds it).
-            stores, _, created = self._create(
-                ByteExpertState(state.beams, stores, state.cache),
-                context[..., None], jnp.take(plan.tokens, i, axis=2)[..., None], want[..., None],
-                also_keep=jnp.where(need, context, NO_CONTEXT)[..., None],
-            )
-            return stores, jnp.where(want, created[..., 0], context), logp, i + 1
-
-        longest = shared_max(jnp.max(count))  # in a batch of problems, all loop alike (no select of stores)
-        stores, context, logp, _ = jax.lax.while_loop(
-            lambda carry: carry[3] < longest, body, (state.stores, plan.source, plan.source_logp, jnp.int32(0))
-        )
-        return stores, context, logp
 
     def reorder(self, state: ByteExpertState, ancestors: Int[Array, "M"]) -> ByteExpertState:
         return state._replace(beams=jax.tree.map(lambda x: jnp.take(x, ancestors, axis=0), state.beams))

@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import pytest
 
 from smc_jax.bytes.beam import EOS_BYTE, BeamConfig
+from smc_jax import scoring
 from smc_jax.experts.byte import byte_logprob
 from tests.bytes.test_beam import ExactByteLM, make
 
@@ -193,7 +194,8 @@ def test_advancing_and_healing_eos_in_one_loop_matches_one_after_the_other():
 def test_a_byte_step_holds_one_model_call_site():
     """A step's model calls (the shift's, token healing's, the refresh's and EOS healing's) go
     through one call site: tracing `advance_heal_eos` traces the model's step as often as one
-    call does (once per batch-size bucket), not once per call site."""
+    call does (once per batch-size bucket), not once per call site; so do EOS healing on its
+    own and scoring's reading program (a byte step per position)."""
     _, experts = _make(2, 0.3, seed=1)
     state = experts.init(2)
     traced = []
@@ -204,13 +206,25 @@ def test_a_byte_step_holds_one_model_call_site():
         return original(self, *args, **kwargs)
 
     active = jnp.ones((2,), bool)
+    one_pair = experts.replace(prefixes=jax.tree.map(lambda x: x[:1], experts.prefixes),
+                               prompt_logits=experts.prompt_logits[:1])
+    data = jnp.zeros((1, 4), jnp.int32)
+    traces = {}
     try:
         type(experts.model).step = counting
-        jax.make_jaxpr(lambda s: experts._refresh(s, jnp.ones((2, 1), bool)))(state)
-        one_call = len(traced)
-        traced.clear()
-        jax.make_jaxpr(lambda s: experts.advance_heal_eos(s, jnp.zeros((2,), jnp.int32), active, active))(state)
-        step = len(traced)
+        for name, fn, arg in [
+            ("one call", lambda s: experts._refresh(s, jnp.ones((2, 1), bool)), state),
+            ("step", lambda s: experts.advance_heal_eos(s, jnp.zeros((2,), jnp.int32), active, active), state),
+            ("EOS healing alone", lambda s: experts.heal_eos(s, active), state),
+            ("one call, one row", lambda s: one_pair._refresh(s, jnp.ones((1, 1), bool)), one_pair.init(1)),
+            ("scoring's read", lambda s: scoring._read(one_pair, s, data, data, jnp.int32(0), jnp.ones((1,), jnp.int32)),
+             one_pair.init(1)),
+        ]:
+            traced.clear()
+            jax.make_jaxpr(fn)(arg)
+            traces[name] = len(traced)
     finally:
         type(experts.model).step = original
-    assert one_call > 0 and step == one_call, (one_call, step)
+    one_call = traces["one call"]
+    assert one_call > 0 and traces["step"] == traces["EOS healing alone"] == one_call, traces
+    assert traces["scoring's read"] == traces["one call, one row"] > 0, traces  # fewer row buckets
