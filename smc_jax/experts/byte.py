@@ -681,21 +681,21 @@ def _read_bytes(
     experts: ByteExperts, state: ByteExpertState, data: Int[Array, "T"], length: Int[Array, ""]
 ) -> tuple[ByteExpertState, Float[Array, "T"]]:
     """Feeds data[:length] to one particle (data is padded to a bucket length, so strings of
-    similar lengths share one compilation): the final state (EOS healed: `ByteExperts.heal_eos`)
-    and the per-byte conditionals."""
+    similar lengths share one compilation): the final state and the per-byte conditionals. The
+    string ends after its last byte, so EOS must be read: the step that reads it (the first,
+    reading nothing, for the empty string) also heals EOS (`ByteExperts.advance_heal_eos`, one
+    loop of model calls)."""
 
     def body(state, inputs):
         byte, position = inputs
         active = (position < length)[None]
         logp = experts.logprobs(state)[0, 0, byte]
-        state = experts.advance(state, byte[None], active)
+        state = experts.advance_heal_eos(state, byte[None], active, (position == jnp.maximum(length - 1, 0))[None])
         # A healed byte had probability 0 before it was read; it gets the healed path's.
         logp = jnp.where(state.beams.healed[0, 0], state.beams.healed_logp[0, 0], logp)
         return state, jnp.where(active[0], logp, 0.0)
 
-    final, cond = jax.lax.scan(body, state, (data, jnp.arange(data.shape[0])))
-    # The string ends here: EOS must be read, so a beam that gives it 0 is healed.
-    return experts.heal_eos(final, jnp.ones((1,), bool)), cond
+    return jax.lax.scan(body, state, (data, jnp.arange(data.shape[0])))
 
 
 class ByteLogprob(NamedTuple):
