@@ -38,6 +38,7 @@ from smc_jax.models.tokenizer import check_prompt
 from smc_jax.settings import CAPACITY_GROWTH, CONTEXTS_PER_BEAM_SLOT, DEFAULTS, MAX_CAPACITY_SCALE, Level, SamplerSettings
 from smc_jax.smc.sharding import ParamRules, check_mesh, resolve_rules, sample_sharded, shard_experts
 from smc_jax.smc.batch import check_problem_mesh, sample_problems
+from smc_jax.utils.problems import PROBLEMS
 from smc_jax.smc.engine import SMC, length_bucket
 from smc_jax.smc.result import SMCResult
 from smc_jax.scoring import scorer_for
@@ -488,10 +489,12 @@ class EnsembleSampler:
             constraints = [padded[tuple(map(id, c))] for c in constraints]
         results: list = [None] * len(prompts)
         todo, scale = list(range(len(prompts))), self._capacity_scale
+        rows = 1 if mesh is None else mesh.shape[PROBLEMS]
         while todo:
-            groups = self._problem_groups([prompts[b] for b in todo], scale,
-                                          None if constraints is None else [constraints[b] for b in todo])
-            for b, result in zip(todo, sample_problems(self._smc, keys[np.asarray(todo)], groups, ensemble,
+            run = todo + todo[:1] * (-len(todo) % rows)  # a rerun too splits evenly over the mesh's rows
+            groups = self._problem_groups([prompts[b] for b in run], scale,
+                                          None if constraints is None else [constraints[b] for b in run])
+            for b, result in zip(todo, sample_problems(self._smc, keys[np.asarray(run)], groups, ensemble,
                                                        decode=self._decode(), allow_zero_weight=allow_zero_weight,
                                                        mesh=mesh)):
                 results[b] = result
