@@ -23,6 +23,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from functools import partial
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -86,25 +87,66 @@ def child(model_name: str, total: int, count: int, out: str) -> None:
             seconds = time.perf_counter() - t
         calls.append({"bytes": len(line.encode()), "prompt_bytes": len(prompt_before(text, i).encode()),
                       "seconds": seconds, "compilations": compiles.count, "compile_seconds": compiles.seconds,
-                      "maps": maps(), "zero": not bool(result.complete > -float("inf")), "healed": result.healed})
+                      "maps": maps(), "zero": not bool(result.complete > -float("inf")), "healed": result.healed,
+                      "model_calls": result.model_calls, "rows": result.rows})
         print(f"{model_name} line {i}: {calls[-1]}", file=sys.stderr, flush=True)
     with open(out, "w") as f:
         json.dump({"load_seconds": loaded, "calls": calls}, f)
 
 
-def run_child(model_name: str, total: int, count: int, cache: str) -> dict:
+#: The line `profile_child` profiles (a later call of about median length).
+PROFILED_LINE = 3
+
+
+def profile_child(model_name: str, total: int, out: str) -> None:
+    """Scores lines up to PROFILED_LINE, then that line again under `jax.profiler` (nothing
+    compiles then); writes its seconds by part. Run with XLA_FLAGS=--xla_cpu_enable_xprof_traceme=true."""
+    import glob
+
+    import jax
+
+    from benchmarks.compile_profile import runtime_parts
+    from smc_jax import load_model
+    from smc_jax.scoring import ByteScorer
+
+    model, text = load_model(model_name), lines(total)
+    scorer = ByteScorer(model)  # logprob's scorer: the default settings
+    read, seen = scorer._read, []
+    scorer._read = lambda *args: seen.append(args[:1] + tuple(jax.tree.map(jax.numpy.copy, args[1:]))) or read(*args)
+    for i in range(PROFILED_LINE + 1):
+        scorer(text[i], prompt_before(text, i))
+    hlo = read.lower(*seen[-1]).compile().as_text()
+    scorer._read = read
+    with tempfile.TemporaryDirectory() as trace:
+        jax.profiler.start_trace(trace, create_perfetto_trace=True)
+        start = time.perf_counter()
+        scorer(text[PROFILED_LINE], prompt_before(text, PROFILED_LINE))
+        seconds = time.perf_counter() - start
+        jax.profiler.stop_trace()
+        parts = runtime_parts(glob.glob(f"{trace}/**/perfetto_trace.json.gz", recursive=True)[0], hlo)
+    with open(out, "w") as f:
+        json.dump({"line": PROFILED_LINE, "bytes": len(text[PROFILED_LINE].encode()), "seconds": seconds,
+                   "parts": parts}, f)
+
+
+def run_child(model_name: str, total: int, count: int, cache: str, profile: bool = False) -> dict:
     with tempfile.NamedTemporaryFile(suffix=".json") as out:
         env = dict(os.environ, JAX_COMPILATION_CACHE_DIR=cache)
+        if profile:
+            env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " --xla_cpu_enable_xprof_traceme=true").strip()
         subprocess.run([sys.executable, "-m", "benchmarks.bench_scoring", "--child", model_name, "--bytes", str(total),
-                        "--count", str(count), "--out", out.name], env=env, check=True)
+                        "--count", str(count), "--out", out.name] + (["--profile"] if profile else []), env=env, check=True)
         with open(out.name) as f:
             return json.load(f)
 
 
-def summary(model_name: str, cold: dict, warm: dict) -> dict:
+def summary(model_name: str, cold: dict, warm: dict, profiled: dict) -> dict:
     calls = cold["calls"]
     later = [c["seconds"] for c in calls[1:]]
-    later_bytes = sum(c["bytes"] for c in calls[1:])
+    steady = [c for c in calls[1:] if not c["compilations"]]  # later calls that compiled nothing
+    steady_s, steady_bytes = sum(c["seconds"] for c in steady), sum(c["bytes"] for c in steady)
+    forwards = sum(c["model_calls"] for c in steady)
+    parts = profiled["parts"]
     return {
         "model": model_name, "lines": len(calls), "bytes": sum(c["bytes"] for c in calls),
         "compilations": sum(c["compilations"] for c in calls),
@@ -112,7 +154,10 @@ def summary(model_name: str, cold: dict, warm: dict) -> dict:
         "first_call_s_cold": calls[0]["seconds"], "first_call_s_warm_cache": warm["calls"][0]["seconds"],
         "later_calls_compiling": sum(c["compilations"] > 0 for c in calls[1:]),
         "later_call_median_s": statistics.median(later), "later_call_max_s": max(later),
-        "ms_per_byte_later": 1000 * sum(later) / later_bytes,
+        "ms_per_byte_later": 1000 * steady_s / steady_bytes,
+        "forwards_per_byte": forwards / steady_bytes, "rows_per_forward": sum(c["rows"] for c in steady) / forwards,
+        "ms_per_forward": 1000 * steady_s / forwards,
+        "forward_share": parts.get("model forward", 0.0) / sum(parts.values()),
         "max_maps": max(c["maps"] for c in calls), "zero_prob_lines": sum(c["zero"] for c in calls),
         "healed_bytes": sum(c["healed"] for c in calls), "load_s": cold["load_seconds"],
     }
@@ -125,17 +170,19 @@ def main() -> None:
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--count", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
+    parser.add_argument("--profile", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        return child(args.child, args.bytes, args.count, args.out)
-    from benchmarks.common import save
+        return (profile_child if args.profile else partial(child, count=args.count))(args.child, args.bytes, out=args.out)
+    from benchmarks.common import markdown_table, save
 
-    rows, calls = [], {}
+    rows, calls, profiles = [], {}, {}
     for name in args.models:
         with tempfile.TemporaryDirectory() as cache:  # this model's programs only: cold, then warm
             cold = run_child(name, args.bytes, 0, cache)
             warm = run_child(name, args.bytes, 1, cache)
-        rows.append(summary(name, cold, warm))
+            profiles[name] = run_child(name, args.bytes, 0, cache, profile=True)
+        rows.append(summary(name, cold, warm, profiles[name]))
         calls[name] = cold["calls"]
         print(rows[-1], flush=True)
     text = lines(args.bytes)
@@ -145,11 +192,21 @@ def main() -> None:
         f"`smc_jax.logprob` after the previous lines that fit in {PROMPT_BYTES} bytes, default beam (width 5, "
         "threshold 0.05), healing on. Cold: a fresh process with an empty XLA cache scores every line "
         "(compilations, compile seconds and maps are that process's); warm cache: a second process scores the "
-        "first line. later_call: lines after the first. max_maps: most /proc/self/maps lines after any call."
+        "first line. later_call: lines after the first. ms_per_byte_later, forwards_per_byte (model forwards, "
+        "`ByteLogprob.model_calls`), rows_per_forward and ms_per_forward: over the later calls that compiled "
+        "nothing. max_maps: most /proc/self/maps lines after any call. forward_share: the model forward's share "
+        f"of the kernel time of line {PROFILED_LINE} scored again in a third process under `jax.profiler` "
+        "(appendix: seconds by part, summed over threads)."
     )
+    names = list(profiles)
+    part_rows = [{"part": part, **{n: profiles[n]["parts"].get(part, 0.0) for n in names}}
+                 for part in sorted({p for n in names for p in profiles[n]["parts"]},
+                                    key=lambda p: -max(profiles[n]["parts"].get(p, 0.0) for n in names))]
+    appendix = (f"## seconds by part of line {PROFILED_LINE} ({profiles[names[0]]['bytes']} bytes), profiled\n\n"
+                + markdown_table(part_rows, ["part", *names]))
     columns = list(rows[0])
     print(save("bench_scoring", rows, columns, {"bytes": args.bytes, "prompt_bytes": PROMPT_BYTES}, notes,
-               extra={"calls": calls}))
+               appendix=appendix, extra={"calls": calls, "profiles": profiles}))
 
 
 if __name__ == "__main__":

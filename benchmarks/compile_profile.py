@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import collections
 import dataclasses
+import gzip
 import json
 import os
 import re
@@ -115,17 +116,66 @@ _SECONDS = r"time: ([\d.]+) (us|ms|s) "
 _UNIT = {"us": 1e-6, "ms": 1e-3, "s": 1.0}
 
 
+#: The part of an instruction XLA made with no `op_name` that no neighbour names either.
+UNNAMED = "copies and layout (no op_name)"
+
+
 def kernel_parts(hlo_text: str) -> dict[str, str]:
-    """Each instruction of a compiled HLO module (its kernels are named after them) -> its part."""
-    parts = {}
+    """Each instruction of a compiled HLO module (its kernels are named after them) -> its part.
+    XLA's passes drop the `op_name` of some instructions they make (the forward's matrix
+    products among them): such an instruction takes the part of its first named operand, else
+    of its first named user."""
+    parts, operands = {}, {}
     for line in hlo_text.splitlines():
         found = re.match(r"\s*(?:ROOT )?%?([\w.\-]+) = ", line)
         if found:
             stack = (re.search(r'op_name="([^"]*)"', line) or [None, ""])[1]
             scope = innermost(stack, SCOPES)
-            parts[found[1]] = ("model forward" if "paged_decode" in stack else SCOPES[scope] if scope
-                               else "SMC step (rest)" if stack else "copies and layout (no op_name)")
-    return parts
+            operands[found[1]] = re.findall(r"%([\w.\-]+)", line[found.end():])
+            if stack:
+                parts[found[1]] = "model forward" if "paged_decode" in stack else SCOPES[scope] if scope else "SMC step (rest)"
+    users: dict[str, list[str]] = collections.defaultdict(list)
+    for name, args in operands.items():
+        for arg in args:
+            users[arg].append(name)
+    for neighbours in (operands, users):  # producers first: a product belongs to what it computes
+        changed = True
+        while changed:
+            changed = False
+            for name in operands:
+                if name not in parts:
+                    named = [parts[n] for n in neighbours.get(name, ()) if n in parts]
+                    if named:
+                        parts[name], changed = named[0], True
+    return {name: parts.get(name, UNNAMED) for name in operands}
+
+
+def runtime_parts(trace: str, hlo_text: str) -> dict[str, float]:
+    """Seconds by part of a profiled run: each kernel's own time (its nested events subtracted),
+    from a perfetto trace of `jax.profiler` taken with XLA_FLAGS=--xla_cpu_enable_xprof_traceme=true
+    (one event per kernel run), summed over threads; events of other programs are left out."""
+    with gzip.open(trace) if trace.endswith(".gz") else open(trace) as f:
+        events = json.load(f)
+    events = [e for e in (events["traceEvents"] if isinstance(events, dict) else events) if e.get("ph") == "X"]
+    by_thread = collections.defaultdict(list)
+    for event in events:
+        by_thread[event.get("pid"), event.get("tid")].append(event)
+    own = collections.Counter()
+    for thread in by_thread.values():
+        thread.sort(key=lambda e: (e["ts"], -e.get("dur", 0)))
+        stack: list[dict] = []
+        for event in thread:
+            while stack and stack[-1]["ts"] + stack[-1].get("dur", 0) <= event["ts"]:
+                stack.pop()
+            if stack:
+                own[stack[-1]["name"]] -= event.get("dur", 0)
+            own[event["name"]] += event.get("dur", 0)
+            stack.append(event)
+    parts, seconds = kernel_parts(hlo_text), collections.Counter()
+    for name, micros in own.items():
+        if name in parts:
+            seconds[parts[name]] += micros * 1e-6
+    return dict(seconds.most_common())
 
 
 def backend_seconds(log: str, hlo_text: str) -> dict[str, Any]:
@@ -138,14 +188,17 @@ def backend_seconds(log: str, hlo_text: str) -> dict[str, Any]:
     own = log[start: log.find("Compiling [jit__advance] for CPU using JIT", start)]
     kernels = re.findall(r"Compiled LLVM module: __compute_module_(\S+?)(?:_kernel_module)? " + _SECONDS, own)
     for name, value, unit in kernels:
-        by_part[parts.get(name, "copies and layout (no op_name)")] += float(value) * _UNIT[unit]
+        by_part[parts.get(name, UNNAMED)] += float(value) * _UNIT[unit]
     return {"hlo_passes_s": total(r"Running HLO passes on \[jit__advance\] for CPU "),
             "backend_s": total(r"Compiling \[jit__advance\] for CPU using JIT "),
             "kernels": len(kernels), "llvm_thread_s": sum(by_part.values()), "llvm_s_by_part": dict(by_part)}
 
 
-def profile(name: str, sampler: EnsembleSampler) -> tuple[dict[str, Any], collections.Counter, collections.Counter]:
-    """Builds the experts, then traces, lowers and compiles the `advance` program of `sampler`."""
+def profile(
+    name: str, sampler: EnsembleSampler, hlo: bool = False
+) -> tuple[dict[str, Any], collections.Counter, collections.Counter]:
+    """Builds the experts, then traces, lowers and compiles the `advance` program of `sampler`
+    (with `hlo`, the row's "_hlo" holds the compiled module's text)."""
     start = time.perf_counter()
     experts = jax.block_until_ready(sampler.build())
     build = time.perf_counter() - start
@@ -174,7 +227,8 @@ def profile(name: str, sampler: EnsembleSampler) -> tuple[dict[str, Any], collec
         "jaxpr_eqns": sum(counts.values()), "stablehlo_chars": hlo_chars, "forwards": sum(forwards.values()),
     }
     print(row, flush=True)
-    row["_hlo"] = compiled.as_text()
+    if hlo:
+        row["_hlo"] = compiled.as_text()
     return row, counts, forwards
 
 
@@ -208,7 +262,7 @@ def main() -> None:
         saved = os.dup(2)
         with open(log, "w") as sink:
             os.dup2(sink.fileno(), 2)
-            row, _, _ = profile(keys[args.backend_child], programs[keys[args.backend_child]]())
+            row, _, _ = profile(keys[args.backend_child], programs[keys[args.backend_child]](), hlo=True)
             os.dup2(saved, 2)
         with open(log) as f:
             text = f.read()
@@ -219,7 +273,6 @@ def main() -> None:
     rows, parts, sites = [], {}, {}
     for name in wanted:
         row, counts, forwards = profile(name, programs[name]())
-        row.pop("_hlo")
         rows.append(row)
         parts[name], sites[name] = dict(counts.most_common()), dict(forwards.most_common())
     backend = {}

@@ -604,7 +604,8 @@ def logprob(
     -------
     ByteLogprob
         `.prefix`, `.complete` (floats), `.conditionals` [n bytes], `.next_logprobs` [257]
-        (index 256: EOS) and `.healed` (bytes healed).
+        (index 256: EOS), `.healed` (bytes healed), `.model_calls` and `.rows` (the forwards
+        made while reading it, and their rows).
     """
     scorer = scorer_for(model, beam_width=beam_width, prune_threshold=prune_threshold, temperature=temperature,
                         prompt_as_bytes=prompt_as_bytes, heal=heal)

@@ -215,7 +215,8 @@ class ByteScorer:
         while True:
             experts, shape = self._experts([p for p, _ in pairs], max(1, longest), self.scale)
             state, reads = self._start(experts), []
-            start_heals = np.asarray(state.beams.heals)  # read before the state is donated
+            # read before the state is donated: the start's heals and calls (raw prompt bytes)
+            start_heals, start_calls, start_rows = jax.device_get((state.beams.heals, state.stores.calls, state.stores.rows))
             for c in range(chunks):  # dispatched without waiting: one sync at the end
                 window = slice(c * width, (c + 1) * width)
                 state, read = self._read(experts, state, previous[:, window], data[:, window], np.int32(c * width),
@@ -224,7 +225,7 @@ class ByteScorer:
             self.shapes.add(shape)
             beams = state.beams
             out = jax.device_get((reads[0][3], start_heals, beams.log_mass, beams.next_logp, beams.heals,
-                                  state.stores.overflow, reads))
+                                  state.stores.overflow, reads, (state.stores.calls, state.stores.rows)))
             if not np.any(out[5]):
                 break
             if self.scale >= MAX_CAPACITY_SCALE:
@@ -233,6 +234,7 @@ class ByteScorer:
         # [particle 0] of the beams' arrays, and the log mass after the refresh at position 0
         start_mass, start_heals, log_mass, next_logps, heals = (x[0] for x in out[:5])
         logp, healed, healed_logp, _ = (np.concatenate(parts, axis=0) for parts in zip(*out[6]))  # [chunks * C, K]
+        calls, rows = out[7][0] - start_calls, out[7][1] - start_rows  # [K]
         # Byte j's conditional: its healed log-probability, read at position j + 1, where it healed.
         conditionals = np.where(healed[1:], healed_logp[1:], logp[:-1])
         results = []
@@ -242,7 +244,8 @@ class ByteScorer:
             results.append(ByteLogprob(
                 prefix=prefix, complete=prefix + float(next_logp[EOS_BYTE]),
                 conditionals=np.asarray(conditionals[: len(d), i], np.float64),
-                next_logprobs=next_logp, healed=int(heals[i] - start_heals[i]),
+                next_logprobs=next_logp, healed=int(heals[i] - start_heals[i]), model_calls=int(calls[i]),
+                rows=int(rows[i]),
             ))
         return results
 

@@ -32,9 +32,13 @@ def test_logprob_reuses_programs_and_batches_agree(smol):
     for a, b in zip(single, batch):
         np.testing.assert_allclose(a.conditionals, b.conditionals, atol=1e-4)
         np.testing.assert_allclose(a.prefix, b.prefix, atol=1e-3)
+        # a batch's pairs share its calls: each counts at least those it needs alone
+        assert 0 < a.model_calls <= a.rows and a.model_calls <= b.model_calls <= b.rows
     # the sampler's own teacher forcing (another program, same beam) agrees
     sampler = EnsembleSampler(experts=(Expert(smol, PAIRS[0][0]),), level="byte", num_particles=1, max_length=16)
-    np.testing.assert_allclose(sampler.logprob(PAIRS[0][1]).prefix, single[0].prefix, atol=1e-3)
+    forced = sampler.logprob(PAIRS[0][1])
+    np.testing.assert_allclose(forced.prefix, single[0].prefix, atol=1e-3)
+    assert 0 < forced.model_calls <= forced.rows
 
 
 LINES = [
@@ -68,3 +72,4 @@ def test_lines_of_any_length_share_programs_and_chunks_change_nothing(smol):
         np.testing.assert_allclose(got.conditionals, want.conditionals, atol=1e-5)
         np.testing.assert_allclose([got.prefix, got.complete], [want.prefix, want.complete], atol=1e-4)
         np.testing.assert_allclose(got.next_logprobs, want.next_logprobs, atol=1e-5)
+        assert got.model_calls == want.model_calls > 0  # the same byte steps, however they are chunked

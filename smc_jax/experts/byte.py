@@ -707,13 +707,17 @@ class ByteLogprob(NamedTuple):
     string), with EOS healed where the beam gave it 0 (`ByteExperts.heal_eos`), so a string
     with a tokenization never gets -inf. `conditionals[i]`: log P(byte i | bytes < i) (their sum
     is the chain-rule prefix log-probability under the beam's own, normalized, conditionals).
-    `next_logprobs`: the distribution after the string (EOS healed too)."""
+    `next_logprobs`: the distribution after the string (EOS healed too). `model_calls` and
+    `rows`: the model forwards made while reading the string and the rows they computed (padding
+    included; pairs scored together share calls, so each pair counts every call of its run)."""
 
     prefix: float
     complete: float
     conditionals: np.ndarray
     next_logprobs: np.ndarray  # [257] after the string
     healed: int = 0  # bytes (and the end, EOS) that needed token healing (`smc_jax.bytes.healing`)
+    model_calls: int = 0
+    rows: int = 0
 
 
 def byte_logprob(experts: ByteExperts, data: bytes) -> ByteLogprob:
@@ -740,6 +744,8 @@ def byte_logprob(experts: ByteExperts, data: bytes) -> ByteLogprob:
         conditionals=np.asarray(cond, np.float64)[:n],
         next_logprobs=next_logp,
         healed=int(final.beams.heals[0, 0] - start.beams.heals[0, 0]),
+        model_calls=int(final.stores.calls[0] - start.stores.calls[0]),
+        rows=int(final.stores.rows[0] - start.stores.rows[0]),
     )
 
 

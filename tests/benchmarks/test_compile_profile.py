@@ -1,13 +1,20 @@
-"""`benchmarks/compile_profile.py`'s reading of XLA:CPU's timing logs: a kernel's LLVM seconds go
-to the part of the operation it was fused from, and only the step program's kernels count."""
+"""`benchmarks/compile_profile.py`'s reading of XLA:CPU's timing logs and of profiler traces: a
+kernel's LLVM seconds and run time go to the part of the operation it was fused from (or of its
+neighbours, where XLA dropped its name), and only the step program's kernels count."""
 
-from benchmarks.compile_profile import backend_seconds, kernel_parts
+import gzip
+import json
+
+from benchmarks.compile_profile import backend_seconds, kernel_parts, runtime_parts
 
 HLO = """
 ENTRY %main {
   %wrapped_add = f32[4]{0} fusion(%p), kind=kLoop, metadata={op_name="jit(_advance)/while/body/resampling/add"}
   %dot_fusion.2 = f32[4]{0} fusion(%p), metadata={op_name="jit(_advance)/byte step/jit(paged_decode)/dot_general"}
   %copy.7 = f32[4]{0} copy(%p)
+  %dot.3 = f32[4]{0} dot(%dot_fusion.2, %gte.1), lhs_contracting_dims={0}
+  %gte.9 = f32[4]{0} get-tuple-element(%p), index=1
+  %select.4 = f32[4]{0} select(%gte.9, %dot.3), metadata={op_name="jit(_advance)/while/body/resampling/select_n"}
 }
 """
 
@@ -26,6 +33,23 @@ def test_kernels_go_to_their_parts_and_other_programs_do_not_count():
     parts = kernel_parts(HLO)
     assert parts["wrapped_add"] == "resampling" and parts["dot_fusion.2"] == "model forward"
     assert parts["copy.7"] == "copies and layout (no op_name)"
+    # unnamed: a product of the forward's output is the forward's; a value only resampling reads is resampling's
+    assert parts["dot.3"] == "model forward" and parts["gte.9"] == "resampling"
     got = backend_seconds(LOG, HLO)
     assert got["hlo_passes_s"] == 1.5 and got["backend_s"] == 3.0 and got["kernels"] == 3
     assert got["llvm_s_by_part"] == {"resampling": 0.25, "model forward": 2.0, "copies and layout (no op_name)": 0.0005}
+
+
+def test_run_time_goes_to_parts_without_the_nested_kernels(tmp_path):
+    event = lambda name, ts, dur, tid=1: {"ph": "X", "name": name, "ts": ts, "dur": dur, "pid": 7, "tid": tid}
+    events = [
+        event("wrapped_add", 0, 100), event("copy.7", 10, 30),  # nested: wrapped_add's own time is 70 us
+        event("dot.3", 200, 50), event("dot_fusion.2", 0, 40, tid=2),
+        event("ThunkExecutor::Execute", 0, 1000, tid=3), event("fusion.99", 5, 5, tid=3),  # another program
+    ]
+    trace = tmp_path / "perfetto_trace.json.gz"
+    with gzip.open(trace, "wt") as f:
+        json.dump({"traceEvents": events}, f)
+    got = runtime_parts(str(trace), HLO)
+    want = {"resampling": 70e-6, "model forward": 90e-6, "copies and layout (no op_name)": 30e-6}
+    assert got.keys() == want.keys() and all(abs(got[k] - want[k]) < 1e-12 for k in want)
