@@ -29,7 +29,7 @@ from smc_jax.smc import progress as progress_hooks
 from smc_jax.smc.engine import SMC, finish
 from smc_jax.smc.ensemble import Ensemble
 from smc_jax.smc.result import SMCResult
-from smc_jax.smc.sharding import PARTICLES, state_specs
+from smc_jax.smc.sharding import PARTICLES, check_particle_split, state_specs
 from smc_jax.smc.state import SMCState
 from smc_jax.utils.problems import PROBLEMS
 
@@ -228,10 +228,7 @@ def check_problem_mesh(mesh: Mesh, num_problems: int, num_particles: int) -> Non
     if num_problems % rows:
         raise ValueError(f"{num_problems} problems cannot be split evenly over the {rows} rows of the mesh's "
                          f"{PROBLEMS!r} axis; pad the batch to a multiple of {rows}")
-    if num_particles % columns:
-        raise ValueError(f"num_particles={num_particles} cannot be split over the {columns} devices of the mesh's "
-                         f"{PARTICLES!r} axis; use a multiple of {columns} particles, or problem_mesh(particles=...) "
-                         "with fewer")
+    check_particle_split(num_particles, columns, "problem_mesh")
 
 
 def _place(leaf: Any, mesh: Mesh, split: bool) -> jax.Array:

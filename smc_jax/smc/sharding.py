@@ -120,13 +120,28 @@ def check_mesh(mesh: Mesh, num_particles: int) -> None:
         raise ValueError(
             f"the mesh needs the axes {(PARTICLES, MODEL)}, got {tuple(mesh.axis_names)}; build it with make_mesh"
         )
-    shards = mesh.shape[PARTICLES]
+    check_particle_split(num_particles, mesh.shape[PARTICLES], "make_mesh")
+
+
+def check_particle_split(num_particles: int, shards: int, builder: str) -> None:
+    """M splits evenly over the mesh's `shards` particle devices (else a ValueError naming the
+    mesh `builder` to call with fewer).
+
+    Parameters
+    ----------
+    num_particles : int
+        M.
+    shards : int
+        Devices on the mesh's particle axis.
+    builder : str
+        The function that builds such a mesh (named in the error).
+    """
     if num_particles % shards:
         raise ValueError(
             f"num_particles={num_particles} is not divisible by the {shards} devices of the mesh's "
             f"{PARTICLES!r} axis: use a multiple of {shards} particles (e.g. "
             f"{-(-num_particles // shards) * shards}), or a mesh with fewer particle devices "
-            f"(make_mesh(particles=...))"
+            f"({builder}(particles=...))"
         )
 
 

@@ -1,5 +1,6 @@
 """Token healing (`smc_jax.bytes.healing`) on toy token LMs, against exact sums over tokenizations."""
 
+import collections
 import itertools
 
 import numpy as np
@@ -7,6 +8,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
+from benchmarks.compile_profile import count_parts
 from smc_jax.bytes.beam import EOS_BYTE, BeamConfig
 from smc_jax import scoring
 from smc_jax.experts.byte import byte_logprob
@@ -139,15 +141,9 @@ def test_unpruned_beam_never_heals_and_changes_nothing():
 
 def _equations(jaxpr) -> int:
     """Equations of a jaxpr and of every program nested in it (a loop body counted once)."""
-    total = 0
-    for eqn in jaxpr.eqns:
-        total += 1
-        for value in eqn.params.values():
-            for sub in value if isinstance(value, (list, tuple)) else (value,):
-                inner = getattr(sub, "jaxpr", sub)
-                if hasattr(inner, "eqns"):
-                    total += _equations(inner)
-    return total
+    counts = collections.Counter()
+    count_parts(jaxpr, counts, collections.Counter())
+    return sum(counts.values())
 
 
 def test_the_heal_plan_program_does_not_grow_with_the_back_off():
