@@ -192,6 +192,38 @@ def test_a_batch_of_problems_gives_each_problem_its_own_run(smol):
     assert resampled > 0
 
 
+def test_an_overflowing_problem_reruns_padded_to_the_mesh_rows(smol, monkeypatch):
+    """A problem whose stores overflow runs again with grown capacities; on a mesh of two rows
+    the rerun of that one problem is padded to two, and its result lands at its own index, equal
+    to its first run (capacities change no result; its batch-mate differs, so the weights agree
+    to float32 rounding of the larger calls, as in the batched runs above)."""
+    import types
+
+    from smc_jax import sampler as sampler_module
+    from smc_jax.models.contexts import ContextStoreOverflowError
+    from smc_jax.smc.sharding import PARTICLES
+    from smc_jax.utils.problems import PROBLEMS
+
+    real, sizes, first = sampler_module.sample_problems, [], {}
+
+    def overflow_the_last_once(smc, keys, groups, ensemble, mesh=None, **options):
+        sizes.append(len(groups))
+        results = real(smc, keys, groups, ensemble, **options)  # one device here: the mesh only sets the padding
+        if len(sizes) == 1:
+            first.update(enumerate(results))
+            results = results[:-1] + [ContextStoreOverflowError("forced by the test")]
+        return results
+
+    monkeypatch.setattr(sampler_module, "sample_problems", overflow_the_last_once)
+    two_rows = types.SimpleNamespace(shape={PROBLEMS: 2, PARTICLES: 1}, axis_names=(PROBLEMS, PARTICLES))
+    sampler = EnsembleSampler([Expert(smol, PHYSICIST)], level="token", num_particles=4, max_length=4)
+    got = sampler.sample_problems([[PHYSICIST], ["My favorite author is"]], seeds=[0, 1], batch_size=2, mesh=two_rows)
+    assert sizes == [2, 2]  # the rerun of one problem, padded to the mesh's two rows
+    for b in (0, 1):
+        assert got[b].texts == first[b].texts
+        np.testing.assert_allclose(got[b].log_weights, first[b].log_weights, rtol=0, atol=1e-4)
+
+
 def test_a_byte_level_sweep_of_prune_threshold_max_length_and_mode_compiles_nothing(smol):
     """The prune threshold is a run-time value of the byte experts, max_length one within its
     bucket (the arrays are 16 wide for 6 and 8) and at_max_length a run-time flag: new samplers
