@@ -38,6 +38,8 @@ def test_logprob_reuses_programs_and_batches_agree(smol):
     sampler = EnsembleSampler(experts=(Expert(smol, PAIRS[0][0]),), level="byte", num_particles=1, max_length=16)
     forced = sampler.logprob(PAIRS[0][1])
     np.testing.assert_allclose(forced.prefix, single[0].prefix, atol=1e-3)
+    # both count the same forwards: the first next-byte distribution's included or excluded alike
+    assert (forced.model_calls, forced.rows) == (single[0].model_calls, single[0].rows)
     assert 0 < forced.model_calls <= forced.rows
 
 
