@@ -27,7 +27,9 @@ of ten asked for a 51 GB buffer on this 24 GB machine), and GenLM running the sa
 concurrently, `asyncio.gather` over `direct_token_sampler(Product(p1, p2)).smc(...)` at its
 defaults (compare_genlm's GenLM side: its ByteLLM reads the prompt as bytes, smc_jax prefills
 the prompt's tokens; lengths, M and the sampled target's factors are the same), in a process of
-its own: all ten at once, and in groups of the byte batch size.
+its own: all ten at once, and in groups of the byte batch size (each group's prompts read
+before its clock starts, GenLM's model-output caches emptied after it, as compare_genlm does
+between runs).
 
 Writes benchmarks/results/throughput.{json,md}.
 Run: python -m benchmarks.throughput [--workloads json bytes] [--instances 20] [--seeds 3]
