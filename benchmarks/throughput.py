@@ -180,16 +180,17 @@ def genlm_side(group: int) -> dict:
         for at in range(0, len(BYTE_PROMPTS), group):
             potentials = [byte_potentials(genlm, [Expert(smol, prompt), Expert(gemma, prompt)], settings)()
                           for prompt in BYTE_PROMPTS[at: at + group]]
-            for p in (p for pair in potentials for p in pair):
+            each = [p for pair in potentials for p in pair]
+            for p in each:
                 await p.logw_next([])  # the prompt's beam, read untimed
             start = time.perf_counter()
             await asyncio.gather(*[direct_token_sampler(Product(*pair)).smc(
                 n_particles=BYTE_SETTINGS["num_particles"], ess_threshold=0.9, max_tokens=settings.max_tokens,
                 resampling_method="multinomial") for pair in potentials])
             wall += time.perf_counter() - start
-            for p in (p for pair in potentials for p in pair):
+            for p in each:
                 await p.cleanup()
-            del potentials
+            del potentials, each
             genlm.reset()
             gc.collect()
         return wall
