@@ -31,6 +31,10 @@ its own: all ten at once, and in groups of the byte batch size (each group's pro
 before its clock starts, GenLM's model-output caches emptied after it, as compare_genlm does
 between runs).
 
+Tried and not kept: one model call reading the written rows of all problems of a byte batch (and
+all prompts) together, M at a time: fewer rows (770 against 1,000 for two SmolLM2 problems) but
+more forwards (77 of 10 rows against 50 of 20), 8.0 s against 7.0 s warm.
+
 Writes benchmarks/results/throughput.{json,md}.
 Run: python -m benchmarks.throughput [--workloads json bytes] [--instances 20] [--seeds 3]
 [--batch-size 20] [--skip-genlm]
