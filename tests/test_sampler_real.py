@@ -143,6 +143,21 @@ def test_prefetch_settings_reach_the_byte_experts(smol):
     assert np.isclose(result.weights.sum(), 1)
 
 
+def test_row_buckets_give_the_same_run_with_a_forward_per_bucket(smol):
+    """`row_buckets` changes how a call's rows are read (a forward per bucket, not M rows at a
+    time), not which contexts are created: the same strings and calls, weights to float32
+    rounding (the same rows, in forwards of other sizes)."""
+    common = dict(experts=(Expert(smol, PHYSICIST), Expert(smol, AUTHOR)), level="byte", num_particles=3,
+                  max_length=8)
+    chunked, bucketed = EnsembleSampler(**common), EnsembleSampler(**common, row_buckets=True)
+    assert (chunked.build().row_chunk, bucketed.build().row_chunk) == (3, 0)
+    a, b = chunked(1), bucketed(1)
+    assert a.texts == b.texts and a.stats["model_calls"] == b.stats["model_calls"]
+    np.testing.assert_allclose(a.log_weights, b.log_weights, rtol=0, atol=1e-4)
+    with pytest.raises(ValueError, match="row_buckets"):
+        EnsembleSampler(**{**common, "level": "token"}, row_buckets=True)
+
+
 def test_cross_tokenizer_byte_product(smol, gemma):
     result = sample([(smol, PHYSICIST), (gemma, PHYSICIST)], "product", level="byte", num_particles=4,
                     max_length=6, at_max_length="truncate", seed=0)
