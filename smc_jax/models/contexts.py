@@ -262,7 +262,9 @@ def _chunked_step(model, prefix, pool, summary, paths, depth, token, write_entry
                   no_entry, no_context, rows_used):
     """`model.step` on rows [i * chunk, (i + 1) * chunk) for i = 0, 1, ... while some row at or
     after i * chunk is written (`extend_contexts` with `chunk`); out-of-range writes pad the last.
-    Returns the pool, the summaries and the rows computed (chunks run x chunk)."""
+    With `rows_used` (unbatched), a last chunk whose rows fit in half a chunk is read as a half
+    chunk: a second, smaller forward in the program, and a call needing few rows computes half.
+    Returns the pool, the summaries and the rows computed (padding included)."""
     u = token.shape[0]
     padded = -(-u // chunk) * chunk
     pad = lambda x, fill: jnp.pad(x, [(0, padded - u)] + [(0, 0)] * (x.ndim - 1), constant_values=fill)
@@ -270,16 +272,32 @@ def _chunked_step(model, prefix, pool, summary, paths, depth, token, write_entry
     # Rows up to the last written one; given from outside a vmap, the loop is not batched (a
     # batched loop would select whole pools at every iteration).
     needed = jnp.max(jnp.where(ok, jnp.arange(u) + 1, 0)) if rows_used is None else rows_used
+    half = chunk // 2 if rows_used is not None else 0
+
+    def read(start, size):
+        def run(carry):
+            pool, summary = carry
+            take = lambda x: jax.lax.dynamic_slice_in_dim(x, start, size)
+            c_paths, c_depth, c_token, c_entry, c_ctx = map(take, rows)
+            logits, pool = model.step(prefix, pool, c_paths, c_depth, c_token, c_entry, **options)
+            return pool, put(summary, c_ctx, logits)
+
+        return run
 
     def body(carry):
-        i, pool, summary = carry
-        take = lambda x: jax.lax.dynamic_slice_in_dim(x, i * chunk, chunk)
-        c_paths, c_depth, c_token, c_entry, c_ctx = map(take, rows)
-        logits, pool = model.step(prefix, pool, c_paths, c_depth, c_token, c_entry, **options)
-        return i + 1, pool, put(summary, c_ctx, logits)
+        i, computed, pool, summary = carry
+        start = i * chunk
+        if not half:
+            return i + 1, computed + chunk, *read(start, chunk)((pool, summary))
+        # The predicate is unbatched (rows_used), so each branch runs or is skipped in place.
+        small = needed - start <= half
+        pool, summary = in_place_cond(small, read(start, half), (pool, summary))
+        pool, summary = in_place_cond(~small, read(start, chunk), (pool, summary))
+        return i + 1, computed + jnp.where(small, half, chunk), pool, summary
 
-    chunks, pool, summary = jax.lax.while_loop(lambda carry: carry[0] * chunk < needed, body, (jnp.int32(0), pool, summary))
-    return pool, summary, chunks * chunk
+    _, computed, pool, summary = jax.lax.while_loop(lambda carry: carry[0] * chunk < needed, body,
+                                                    (jnp.int32(0), jnp.int32(0), pool, summary))
+    return pool, summary, computed
 
 
 def bucket_sizes(max_requests: int, typical: int, doublings: int = 1) -> tuple[int, ...]:
