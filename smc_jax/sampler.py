@@ -281,10 +281,10 @@ class EnsembleSampler:
                 prefetch_slots=prefetch_slots,
                 prefetch_children=prefetch_children,
                 prefetch_rows=self.settings.prefetch_rows,
-                # One forward per call site reading M rows at a time: a program half the size
-                # (default demo: 70 s of compiling against 152 s), slower warm than a forward per
-                # row bucket (`row_buckets`). Prefetching fills a call's padded rows, so it keeps
-                # the row buckets.
+                # One forward per call site reading M rows at a time, the last M / 2 if they fit
+                # (a half-size forward): a smaller program than a forward per row bucket
+                # (`row_buckets`), as fast warm. Prefetching fills a call's padded rows, so it
+                # keeps the row buckets.
                 row_chunk=0 if self.settings.prefetch or self.settings.row_buckets else m,
             ).with_start_state(m)  # the prompt is read once per build, not once per seed
         return TokenExperts(

@@ -143,7 +143,8 @@ class ByteExperts(ModelExperts):
     prefetch_child_depth: int = struct.field(pytree_node=False, default=2)
     # Rows per model forward (0: each call site compiles one forward per batch-size bucket, and a
     # call runs the smallest that holds its rows). With n > 0 a call site holds one forward that
-    # reads n rows at a time, as often as the call's rows need: a smaller program (scoring).
+    # reads n rows at a time, as often as the call's rows need, the last at n // 2 if they fit:
+    # a smaller program.
     row_chunk: int = struct.field(pytree_node=False, default=0)
     # GenLM's prompt convention: the prefix holds only BOS, and these raw prompt bytes (padded,
     # with their lengths) are read through the beam at init, summing over their tokenizations.

@@ -198,8 +198,9 @@ def extend_contexts(
     ignored); the row is created only where its parent row is. `span` bounds the rows' path
     lengths (see `PagedModel.step`). With `chunk` (static, > 0) the model reads `chunk` rows at a
     time, as many times as the last valid row needs (rows are compacted to the front), or as
-    `rows_used` (unbatched) says: one forward in the program whatever U, and work in proportion
-    to the rows used. Returns the store and the new context ids (NO_CONTEXT for invalid rows)."""
+    `rows_used` (unbatched) says, a last chunk that fits in half a chunk read at half size: one
+    forward in the program whatever U (and its half), and work in proportion to the rows used.
+    Returns the store and the new context ids (NO_CONTEXT for invalid rows)."""
     n, t = store.num_entries, store.num_contexts
     u = parent.shape[0]
     in_call = jnp.zeros((u,), bool) if parent_row is None else parent_row >= 0
@@ -263,8 +264,8 @@ def _chunked_step(model, prefix, pool, summary, paths, depth, token, write_entry
     """`model.step` on rows [i * chunk, (i + 1) * chunk) for i = 0, 1, ... while some row at or
     after i * chunk is written (`extend_contexts` with `chunk`); out-of-range writes pad the last.
     With `rows_used` (unbatched), a last chunk whose rows fit in half a chunk is read as a half
-    chunk: a second, smaller forward in the program, and a call needing few rows computes half.
-    Returns the pool, the summaries and the rows computed (padding included)."""
+    chunk: a second, smaller forward in the program, since a forward's cost is mostly its rows
+    and a call's rows per expert often fit in M / 2. Returns the pool, the summaries and the rows computed (padding included)."""
     u = token.shape[0]
     padded = -(-u // chunk) * chunk
     pad = lambda x, fill: jnp.pad(x, [(0, padded - u)] + [(0, 0)] * (x.ndim - 1), constant_values=fill)
@@ -340,7 +341,8 @@ def extend_group(
     in the same call (tree attention; parent[k, i] is ignored, and the row is dropped where that
     one is not created). With `optional`, also returns each optional row's context (NO_CONTEXT
     where it did not fit). With `chunk` (static, > 0) there is one size, the last bucket, and the
-    model reads its rows `chunk` at a time (`extend_contexts`): one forward in the program.
+    model reads its rows `chunk` at a time (`extend_contexts`): one forward in the program, and
+    its half for a last chunk that fits in it.
     """
     if chunk:
         buckets = tuple(buckets)[-1:]
