@@ -134,10 +134,9 @@ class SamplerSettings:
                 f"beam_width must be >= 1 and prune_threshold in [0, 1), got {self.beam_width!r} and "
                 f"{self.prune_threshold!r}"
             )
-        if not isinstance(self.heal, (bool, np.bool_)):
-            raise ValueError(f"heal must be True or False, got {self.heal!r}")
-        if not isinstance(self.row_buckets, (bool, np.bool_)):
-            raise ValueError(f"row_buckets must be True or False, got {self.row_buckets!r}")
+        for name in ("heal", "row_buckets"):
+            if not isinstance(getattr(self, name), (bool, np.bool_)):
+                raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
         if self.row_buckets and self.level != "byte":
             raise ValueError("row_buckets sizes the byte step's model calls: it needs level='byte'")
         if not self.heal and self.level != "byte":

@@ -265,7 +265,8 @@ def _chunked_step(model, prefix, pool, summary, paths, depth, token, write_entry
     after i * chunk is written (`extend_contexts` with `chunk`); out-of-range writes pad the last.
     With `rows_used` (unbatched), a last chunk whose rows fit in half a chunk is read as a half
     chunk: a second, smaller forward in the program, since a forward's cost is mostly its rows
-    and a call's rows per expert often fit in M / 2. Returns the pool, the summaries and the rows computed (padding included)."""
+    and a call's rows per expert often fit in M / 2. Returns the pool, the summaries and the
+    rows computed (padding included)."""
     u = token.shape[0]
     padded = -(-u // chunk) * chunk
     pad = lambda x, fill: jnp.pad(x, [(0, padded - u)] + [(0, 0)] * (x.ndim - 1), constant_values=fill)
