@@ -7,6 +7,7 @@ import contextlib
 import dataclasses
 import functools
 import hashlib
+import io
 import os
 import pickle
 from collections.abc import Callable, Iterator
@@ -133,8 +134,8 @@ class stored_jit:
 
     def _load(self, store: Path, statics, dynamic, tree, avals, device):
         try:
-            tree_bytes = pickle.dumps(tree)
-        except Exception:  # a static field that cannot be pickled: no stable key
+            tree_bytes = _canonical_pickle(tree)
+        except Exception:  # a static field that cannot be pickled (or a cycle): no stable key
             return _UNSTORABLE
         key = hashlib.sha256(repr((
             self.fn.__module__, self.fn.__qualname__, repr(statics), avals, jax.__version__, jax.default_backend(),
@@ -175,6 +176,17 @@ class stored_jit:
         on_device = jax.sharding.SingleDeviceSharding(device)
         call = jax.jit(exported.call, donate_argnums=donated, in_shardings=on_device, out_shardings=on_device)
         return call, out_tree, out_avals
+
+
+def _canonical_pickle(value: Any) -> bytes:
+    """`value` pickled without memo references, so equal values give equal bytes whether or not
+    their parts are shared objects (a model read back from the weights cache shares fewer of
+    its config's strings and tuples than one just converted, which gave it another key)."""
+    buffer = io.BytesIO()
+    pickler = pickle.Pickler(buffer, protocol=pickle.DEFAULT_PROTOCOL)
+    pickler.fast = True  # no memo: every object written out in full (cycles raise)
+    pickler.dump(value)
+    return buffer.getvalue()
 
 
 def _read(path: Path) -> tuple[jax.export.Exported, Any, tuple] | None:

@@ -4,10 +4,12 @@ process without tracing, and keyed by what they are made from."""
 from __future__ import annotations
 
 import dataclasses
+import pickle
 
 import jax
 import numpy as np
 import pytest
+from flax import struct
 
 from smc_jax.experts.base import ExpertStack
 from smc_jax.smc import engine
@@ -100,3 +102,25 @@ def test_bfloat16_leaves_and_an_unreadable_file(store):
     again = stored_jit(scaled, static_argnums=(2,))(x, y, 3)
     jax.tree.map(np.testing.assert_array_equal, again, want)
     assert len(path.read_bytes()) > 100
+
+
+@struct.dataclass
+class _Holder:
+    value: jax.Array
+    names: tuple = struct.field(pytree_node=False)
+
+
+def test_equal_trees_share_a_program_whether_or_not_their_parts_are_shared_objects(store, monkeypatch):
+    """A model read back from the weights cache shares fewer of its config's strings and tuples
+    than one just converted; its programs must still be the stored ones."""
+    def scaled(holder):
+        return holder.value * len(holder.names)
+
+    name, pair = "default", (0, None, 1)
+    shared = _Holder(np.arange(3.0, dtype=np.float32), (name, name, pair, pair))
+    separate = _Holder(np.arange(3.0, dtype=np.float32), (name, "".join(["def", "ault"]), pair, tuple(list(pair))))
+    assert pickle.dumps(jax.tree.structure(shared)) != pickle.dumps(jax.tree.structure(separate))  # memo references
+    want = stored_jit(scaled)(shared)
+    monkeypatch.setattr(jax.export, "export", lambda *a, **k: pytest.fail("traced again"))
+    np.testing.assert_array_equal(stored_jit(scaled)(separate), want)
+    assert len(list(store.glob("scaled-*.jaxexport"))) == 1
