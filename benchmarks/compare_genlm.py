@@ -65,8 +65,9 @@ Conventions, so that both sides do the same work:
   cleared, so no run reuses another's model calls; the prompts' own outputs are then recomputed
   untimed (`ByteLLM` keeps the beam after its prompt, `PromptedLLM` the prompt's logits; the
   one-time cost is genlm_prompt_s / genlm_prompt_calls). smc_jax likewise builds its start state
-  once per sampler (`EnsembleSampler` prefills the prompts and, at the byte level, reads them
-  into the start state: `with_start_state`); a run's calls exclude the prompt's on both sides.
+  once per sampler (`EnsembleSampler.build` prefills the prompts; the byte beams' first
+  next-byte distributions after them need no model call); a run's calls exclude the prompt's
+  on both sides.
 * Model calls: GenLM's are the batched forward passes of its `AsyncTransformer`s (counted by
   wrapping the torch model's forward; each recomputes the whole token context, as GenLM keeps
   no KV cache for them); smc_jax's are its sequential batched decode calls (`stats`), reported

@@ -3,8 +3,8 @@
 For the default demo's byte program (SmolLM2 x Gemma 3, byte product, M = 10, 64 bytes) and a
 token program (SmolLM2 under two prompts, M = 8, 40 tokens), with the persistent cache off:
 
-* the seconds to build the experts (prompt prefill and the byte beams' start state: programs
-  of their own, compiled on first use);
+* the seconds to build the experts (the prompt prefill, a program of its own compiled on first
+  use; the byte beams' first next-byte distributions are the step loop's first call);
 * for the step loop (`SMC`'s `advance` program): seconds to trace, lower and compile it, its
   size (jaxpr equations, counted into sub-programs; characters of StableHLO), and how many
   times a model's forward appears in it;
@@ -223,7 +223,8 @@ def profile(
     counts, forwards = collections.Counter(), collections.Counter()
     count_parts(traced.jaxpr.jaxpr, counts, forwards)
     row = {
-        "program": name, "build_s": build, "trace_s": trace, "lower_s": lower, "compile_s": compile_s, "run_s": run,
+        "program": name, "build_s": build, "trace_s": trace, "lower_s": lower, "compile_s": compile_s,
+        "cold_s": build + trace + lower + compile_s, "run_s": run,
         "jaxpr_eqns": sum(counts.values()), "stablehlo_chars": hlo_chars, "forwards": sum(forwards.values()),
     }
     print(row, flush=True)
@@ -281,7 +282,8 @@ def main() -> None:
             if name in wanted:
                 backend[name] = run_backend_child(key)
                 print(name, backend[name], flush=True)
-    columns = ["program", "build_s", "trace_s", "lower_s", "compile_s", "run_s", "jaxpr_eqns", "stablehlo_chars", "forwards"]
+    columns = ["program", "build_s", "trace_s", "lower_s", "compile_s", "cold_s", "run_s", "jaxpr_eqns", "stablehlo_chars",
+               "forwards"]
     part_rows = [{"part": part, **{name: parts[name].get(part, 0) for name in wanted}}
                  for part in sorted({p for c in parts.values() for p in c}, key=lambda p: -max(c.get(p, 0) for c in parts.values()))]
     site_rows = [{"call site": site, **{name: sites[name].get(site, 0) for name in wanted}}
@@ -302,8 +304,10 @@ def main() -> None:
     appendix = ("## jaxpr equations by part\n\n" + markdown_table(part_rows, ["part", *wanted])
                 + "\n\n## model forwards by call site (each model counted)\n\n"
                 + markdown_table(site_rows, ["call site", *wanted]) + appendix_backend)
-    notes = ("Persistent compilation cache off. build_s: prompt prefill and start state (their own programs); "
-             "trace/lower/compile/run: the step loop (`advance`), run = one whole run of it. forwards: model "
+    notes = ("Persistent compilation cache off. build_s: prompt prefill (its own program) and the experts' "
+             "start (byte beams: no model call, their first distributions are the step loop's first call); "
+             "trace/lower/compile/run: the step loop (`advance`), run = one whole run of it; cold_s: build plus "
+             "the step loop's trace, lower and compile, what a first run spends before it steps. forwards: model "
              "forwards in the step loop (a call site with several batch-size buckets holds one per bucket). "
              "XLA options tried on the byte step loop (one run each): backend optimization level 0 compiled in "
              "16 s against 24 s but ran 1.6x slower, with other floats; level 1, xla_llvm_disable_expensive_passes "

@@ -263,7 +263,7 @@ class EnsembleSampler:
             if self.settings.prefetch:  # the prefetch cache keeps up to that many contexts alive
                 num_contexts += (prefetch_slots + prefetch_children) * scale
             num_entries = (2 * m * (max_tokens + 1) + num_contexts) * scale
-            return ByteExperts(
+            experts = ByteExperts(
                 model=paged,
                 prefixes=prefixes,
                 prompt_logits=logits,
@@ -286,7 +286,12 @@ class EnsembleSampler:
                 # (`row_buckets`), as fast warm. Prefetching fills a call's padded rows, so it
                 # keeps the row buckets.
                 row_chunk=0 if self.settings.prefetch or self.settings.row_buckets else m,
-            ).with_start_state(m)  # the prompt is read once per build, not once per seed
+            )
+            # Raw prompt bytes are read once per build by a program of their own. After a token
+            # prompt the beams' first next-byte distributions need no model call (the prompt's
+            # logits hold them): a run's first step computes them (`init_deferred`), so no start
+            # program, which would hold the model's forward, is compiled.
+            return experts.with_start_state(m) if prompt_bytes is not None else experts
         return TokenExperts(
             model=paged,
             prefixes=prefixes,

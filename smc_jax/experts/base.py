@@ -22,6 +22,10 @@ Contract (checked by the reusable tests in tests/experts_contract.py):
 * `reorder(state, ancestors)` returns the state of particles `ancestors` (resampling).
 * optionally, `failure(state)` (host side, after a run) returns an exception (or a message) when the group
   could not represent the run faithfully (e.g. a cache ran out of room), else None.
+* optionally, `init_deferred(M)` returns a state whose `logprobs` are valid only after the
+  next `advance` (with any `active`, none included): the SMC engine advances at the start of
+  every step (`SMC.catch_up`), so a group can leave its first distributions to that advance's
+  model calls instead of a program of their own (`expert_init_deferred`).
 * optionally, `heal_eos(state, forced)` gives EOS a probability where it had 0 for the particles
   that must read it next (`expert_heal_eos`), and `advance_heal_eos(state, symbols, active,
   forced)` does `advance` and then that in one pass (`expert_advance_heal_eos`).
@@ -172,6 +176,16 @@ class ExpertStack:
     def init(self, num_particles: int) -> tuple:
         return tuple(g.init(num_particles) for g in self.groups)
 
+    def init_deferred(self, num_particles: int) -> tuple:
+        """Every group's `expert_init_deferred`.
+
+        Parameters
+        ----------
+        num_particles : int
+            M.
+        """
+        return tuple(expert_init_deferred(g, num_particles) for g in self.groups)
+
     def logprobs(self, state: tuple) -> Float[Array, "M K A1"]:
         parts = [g.logprobs(s) for g, s in zip(self.groups, state)]
         # Shapes are static: these checks cost nothing at run time and name the group at fault.
@@ -253,6 +267,15 @@ def expert_failure(group: ExpertGroup, state: PyTree) -> Exception | None:
     check = getattr(group, "failure", None)
     problem = check(state) if check is not None else None
     return RuntimeError(problem) if isinstance(problem, str) else problem
+
+
+def expert_init_deferred(group: ExpertGroup, num_particles: int) -> PyTree:
+    """The state of M particles at the empty string for a caller that advances before it reads
+    `logprobs` (the SMC engine): groups that can defer their first distributions to that
+    advance define `init_deferred(M)` (byte-level experts: no model call at init); for the
+    others it is `init(M)`."""
+    deferred = getattr(group, "init_deferred", None)
+    return deferred(num_particles) if deferred is not None else group.init(num_particles)
 
 
 def expert_heal_eos(group: ExpertGroup, state: PyTree, forced: Bool[Array, "M"]) -> PyTree:

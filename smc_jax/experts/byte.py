@@ -105,6 +105,9 @@ class ByteExpertState(NamedTuple):
     beams: BeamState  # leaves [M, K, ...]
     stores: ContextStore  # stacked over the K experts
     cache: PrefetchCache
+    # [M, K]: beams whose next-byte distributions the next advance computes (a deferred start,
+    # `ByteExperts.init_deferred`); None: none are.
+    stale: Bool[Array, "M K"] | None = None
 
 
 @struct.dataclass(kw_only=True)
@@ -190,6 +193,14 @@ class ByteExperts(ModelExperts):
         cache = start.cache._replace(hits=jnp.zeros_like(start.cache.hits), created=jnp.zeros_like(start.cache.created))
         return self.replace(start=start._replace(stores=stores, cache=cache))
 
+    def _start_for(self, num_particles: int) -> ByteExpertState:
+        if self.start.beams.log_mass.shape[0] != num_particles:
+            raise ValueError(
+                f"the start state is for {self.start.beams.log_mass.shape[0]} particles, not {num_particles}; "
+                "call with_start_state(num_particles) again"
+            )
+        return self.start
+
     def _empty_cache(self) -> PrefetchCache:
         k, e = self.num_experts, self.cache_slots
         none = jnp.full((k, e), NO_CONTEXT, jnp.int32)
@@ -201,12 +212,7 @@ class ByteExperts(ModelExperts):
         if not refresh and (self.start is not None or self.prompt_bytes is not None):
             raise ValueError("init(refresh=False) is for a token prompt without a start state")
         if self.start is not None:
-            if self.start.beams.log_mass.shape[0] != num_particles:
-                raise ValueError(
-                    f"the start state is for {self.start.beams.log_mass.shape[0]} particles, not {num_particles}; "
-                    "call with_start_state(num_particles) again"
-                )
-            return self.start
+            return self._start_for(num_particles)
         m, c, d = num_particles, self.num_slots, self.trie.max_duplicates
         stores = self.init_stores(num_particles)
         k = self.num_experts
@@ -232,6 +238,25 @@ class ByteExperts(ModelExperts):
         beams = jax.tree.map(lambda x: jnp.broadcast_to(x, (m,) + x.shape[1:]), one.beams)
         return ByteExpertState(beams, one.stores, one.cache)
 
+    def init_deferred(self, num_particles: int) -> ByteExpertState:
+        """The state after the prompt with its next-byte distributions left to the next
+        `advance` (`smc_jax.experts.base.expert_init_deferred`): nothing here holds the model's
+        forward, so the sampler compiles no start program (after a token prompt the first
+        distributions make no call: the prompt's logits hold them). A start state or raw
+        prompt bytes are read as `init` reads them.
+
+        Parameters
+        ----------
+        num_particles : int
+            M.
+        """
+        if self.start is not None:
+            return self._start_for(num_particles)
+        if self.prompt_bytes is not None:
+            return self.init(num_particles)
+        state = self.init(num_particles, refresh=False)
+        return state._replace(stale=jnp.ones(state.beams.log_mass.shape, bool))
+
     def _create(
         self,
         state: ByteExpertState,
@@ -246,7 +271,7 @@ class ByteExperts(ModelExperts):
         The beams' contexts, the cache's and `also_keep` survive the call. With `prefetch` (a
         bool, or a traced flag) and prefetching on, the call also creates the prefetch
         candidates and they become the cache; without a call the cache stays."""
-        beams, stores, cache = state
+        beams, stores, cache = state.beams, state.stores, state.cache
         m, k, r = wanted.shape
         flat = lambda x: jnp.moveaxis(x, 1, 0).reshape(k, -1)
         kept = [flat(beams.context), flat(beams.ext_context), cache.context]
@@ -364,7 +389,7 @@ class ByteExperts(ModelExperts):
         """Records in ext_context the extensions of the active beams found in the prefetch cache."""
         if not self.cache_slots:
             return state
-        beams, stores, cache = state
+        beams, stores, cache = state.beams, state.stores, state.cache
         ext = jax.vmap(lambda table, beam: extensions(self.trie, table, beam), in_axes=(0, 1), out_axes=1)(stores.summary, beams)
         missing = (beams.ext_context == NO_CONTEXT) & jnp.isfinite(ext.weight) & active[:, :, None, None]
         parent = jnp.broadcast_to(beams.context[..., None], ext.token.shape)
@@ -419,7 +444,18 @@ class ByteExperts(ModelExperts):
         return state.beams.next_logp
 
     def advance(self, state: ByteExpertState, symbols: Int[Array, "M"], active: Bool[Array, "M"]) -> ByteExpertState:
-        return self._advance(state, self._per_expert(jnp.clip(symbols, 0, NUM_BYTES - 1)), self._per_expert(active))
+        return self._read(state, symbols, active)
+
+    def _read(
+        self, state: ByteExpertState, symbols: Int[Array, "M"], active: Bool[Array, "M"], forced: Bool[Array, "M"] | None = None
+    ) -> ByteExpertState:
+        """`_advance` of one symbol per particle: the distributions are recomputed where a byte
+        is read and where they are stale (a deferred start), EOS healed where `forced`."""
+        active = self._per_expert(active)
+        refresh_active = active if state.stale is None else active | state.stale
+        new = self._advance(state, self._per_expert(jnp.clip(symbols, 0, NUM_BYTES - 1)), active,
+                            eos=None if forced is None else self._per_expert(forced), refresh_active=refresh_active)
+        return new._replace(stale=None if state.stale is None else jnp.zeros_like(state.stale))
 
     def _per_expert(self, x: Array) -> Array:
         """[M] -> [M, K]: the same value for every expert."""
@@ -430,10 +466,7 @@ class ByteExperts(ModelExperts):
     ) -> ByteExpertState:
         """`advance`, then `heal_eos(forced)` for the particles whose next symbol is EOS, in the
         same loop of model calls (`_advance`): the step program holds one forward per model."""
-        if not self.beam.heal:
-            return self.advance(state, symbols, active)
-        return self._advance(state, self._per_expert(jnp.clip(symbols, 0, NUM_BYTES - 1)), self._per_expert(active),
-                             eos=self._per_expert(forced))
+        return self._read(state, symbols, active, forced if self.beam.heal else None)
 
     def _advance(
         self, state: ByteExpertState, byte: Int[Array, "M K"], active: Bool[Array, "M K"], refresh: bool = True,
@@ -641,7 +674,8 @@ class ByteExperts(ModelExperts):
         return blank if wanted is None else jax.lax.cond(jnp.any(wanted), lambda: plan_fn(beams, byte), lambda: blank)
 
     def reorder(self, state: ByteExpertState, ancestors: Int[Array, "M"]) -> ByteExpertState:
-        return state._replace(beams=jax.tree.map(lambda x: jnp.take(x, ancestors, axis=0), state.beams))
+        take = lambda x: jnp.take(x, ancestors, axis=0)
+        return state._replace(beams=jax.tree.map(take, state.beams), stale=None if state.stale is None else take(state.stale))
 
     def stats(self, state) -> dict[str, int]:
         """Host-side: model calls made, rows computed (padding included) and rows needed, and

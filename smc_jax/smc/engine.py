@@ -31,6 +31,12 @@ marked unfinished and their weights are psi(x) / q(x) - a different (prefix) tar
 never hidden. Nothing reads the experts after the last symbol there, so they are not advanced by
 it (no model call at the last step).
 
+The experts read a step's symbols at the start of the next step (`SMC.catch_up`), after its
+resampling: a particle dropped by resampling is never advanced, and the first step's advance,
+which reads nothing, is where experts that start without next-symbol distributions
+(`expert_init_deferred`) compute them, with the step's own model calls rather than a program
+of their own.
+
 Baselines: importance sampling is `ess_threshold=0`; the token-local ensemble
 (`method="local"`) samples q(a | x) ∝ f(p_1(a | x), ..., p_K(a | x)) (f applied to the
 experts' next-symbol conditionals, renormalized) and ignores weights.
@@ -43,7 +49,7 @@ import dataclasses
 import math
 from collections.abc import Callable, Sequence
 from functools import partial
-from typing import Literal, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 import chex
 import jax
@@ -52,7 +58,14 @@ import numpy as np
 from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray
 
 from smc_jax.smc.ensemble import Ensemble
-from smc_jax.experts.base import ExpertGroup, expert_advance_heal_eos, expert_failure, expert_stats, stack_experts
+from smc_jax.experts.base import (
+    ExpertGroup,
+    expert_advance_heal_eos,
+    expert_failure,
+    expert_init_deferred,
+    expert_stats,
+    stack_experts,
+)
 from smc_jax.smc import progress as progress_hooks
 from smc_jax.smc.draw import draw_symbols
 from smc_jax.smc.resampling import RESAMPLERS, effective_sample_size, get_resampler, resample_within
@@ -188,7 +201,7 @@ class SMC:
             eos=jnp.zeros((m,), bool),
             log_weights=log_weights.astype(jnp.float32),
             log_prefix=log_prefix,
-            expert_state=experts.init(m),
+            expert_state=expert_init_deferred(experts, m),
             trace=empty_trace(self.num_steps, m),
         )
 
@@ -241,11 +254,13 @@ class SMC:
 
         Notes
         -----
-        The four parts, in order: `propose` (sample each particle's next symbol from q),
-        `reweight` (the incremental weights and the extended particles), `resample` (when the
-        ESS is low) and `record` (the trace row of this step).
+        The five parts, in order: `catch_up` (the experts read the previous step's symbols),
+        `propose` (sample each particle's next symbol from q), `reweight` (the incremental
+        weights and the extended particles), `resample` (when the ESS is low) and `record` (the
+        trace row of this step).
         """
         key, key_sample, key_resample = jax.random.split(state.key, 3)
+        state = state._replace(expert_state=self.catch_up(state, experts))
         logp = experts.logprobs(state.expert_state)
         # The expert-group contract at the engine's boundary (static shapes: no run-time cost).
         chex.assert_shape(logp, (self.num_particles, experts.num_experts, experts.alphabet_size + 1))
@@ -258,6 +273,30 @@ class SMC:
         trace = self.record(state, ess=ess, resampled=resampled, ancestors=ancestors,
                             log_weights=pre_resample_log_weights)
         return moved._replace(key=key, step=state.step + 1, trace=trace)
+
+    def catch_up(self, state: SMCState, experts: ExpertGroup) -> Any:
+        """The experts' state after reading each particle's last symbol, the one the previous
+        step appended (after its resampling, so only surviving particles are read). A particle
+        still extending at step t >= 1 extended at step t - 1 (each step extends or finishes
+        every active particle), so nothing else needs recording. At the length limit under a
+        forced EOS the particles that reach it are EOS-healed along with their advance. At
+        step 0 nothing is read: experts that start deferred compute their first
+        distributions here (`expert_init_deferred`).
+
+        Parameters
+        ----------
+        state : SMCState
+            The particles at the step's start.
+        experts : ExpertGroup
+            The K experts.
+        """
+        last = jnp.take_along_axis(state.symbols, jnp.maximum(state.lengths - 1, 0)[:, None], axis=1)[:, 0]
+        read = ~state.done & (state.step >= 1)
+        forces_eos = self.forces_eos
+        if forces_eos is False:
+            return experts.advance(state.expert_state, last, read)
+        forced = read & (state.step >= self.limit) & forces_eos
+        return expert_advance_heal_eos(experts, state.expert_state, last, read, forced)
 
     @jax.named_scope("proposal")
     def propose(self, key: PRNGKeyArray, state: SMCState, logp: Float[Array, "M K A1"], ensemble: Ensemble) -> Proposal:
@@ -290,14 +329,15 @@ class SMC:
     @jax.named_scope("reweighting")
     def reweight(self, state: SMCState, experts: ExpertGroup, logp: Float[Array, "M K A1"], proposal: Proposal) -> SMCState:
         """The particles after their proposed symbols: weights times sum_a psi(a | x), prefixes,
-        strings, lengths, finished flags and expert states (key, step and trace unchanged).
+        strings, lengths and finished flags (key, step, trace and expert states unchanged: the
+        experts read the symbols in the next step's `catch_up`).
 
         Parameters
         ----------
         state : SMCState
             The particles before the step.
         experts : ExpertGroup
-            The experts, advanced by the proposed symbols.
+            The experts (unused: kept for the step's signature).
         logp : jax.Array, shape [M, K, A + 1]
             The experts' next-symbol log-probabilities of this step.
         proposal : Proposal
@@ -319,17 +359,6 @@ class SMC:
         log_prefix = jnp.where((extend | took_eos)[:, None], state.log_prefix + sym_logp, state.log_prefix)
         # Elementwise (a scatter at [m, lengths[m]] would make a sharded run gather its indices).
         write = extend[:, None] & (jnp.arange(state.symbols.shape[1])[None, :] == state.lengths[:, None])
-        # Truncated at L, nothing reads the experts after the last step: skip their advance there
-        # (for a language model, a call whose next-token distribution nobody would use).
-        forces_eos = self.forces_eos
-        read_on = extend if forces_eos is True else extend & ((state.step + 1 < self.limit) | forces_eos)
-        if forces_eos is False:
-            expert_state = experts.advance(state.expert_state, symbols, read_on)
-        else:
-            # At the limit EOS must be read: an expert that gives it 0 may heal it (byte beams),
-            # for the particles that reach the limit now, along with their advance.
-            forced = extend & (state.step + 1 >= self.limit) & forces_eos
-            expert_state = expert_advance_heal_eos(experts, state.expert_state, symbols, read_on, forced)
         return state._replace(
             symbols=jnp.where(write, symbols[:, None], state.symbols),
             lengths=state.lengths + extend.astype(jnp.int32),
@@ -337,7 +366,6 @@ class SMC:
             eos=state.eos | took_eos,
             log_weights=log_weights,
             log_prefix=log_prefix,
-            expert_state=expert_state,
         )
 
     @jax.named_scope("resampling")

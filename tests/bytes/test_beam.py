@@ -218,6 +218,34 @@ def test_precomputed_start_state_changes_nothing_but_the_calls():
         cached.init(3)
 
 
+def test_deferred_start_is_the_start_state_computed_by_the_first_step():
+    """`init_deferred` leaves the prompt's next-byte distributions to the next advance (even one
+    reading nothing): they are then `init`'s. A run from it (the engine's default) is the run
+    from the precomputed start state, with the start's model calls (none after a token
+    prompt) added."""
+    from smc_jax.models.contexts import context_stats
+    from smc_jax.smc import SMC
+    from smc_jax.smc.engine import run_jitted
+    from smc_jax.smc.ensemble import make_ensemble
+
+    _, experts = make(prompts=((1,), (2, 0)), width=4, threshold=0.05, seed=3)
+    deferred = jax.jit(lambda e: e.init_deferred(4))(experts)
+    assert np.all(np.asarray(deferred.stale)) and context_stats(deferred.stores)["model_calls"] == 0
+    nothing = jax.jit(lambda e, s: e.advance(s, jnp.zeros(4, jnp.int32), jnp.zeros(4, bool)))(experts, deferred)
+    np.testing.assert_allclose(experts.logprobs(nothing), experts.logprobs(jax.jit(lambda e: e.init(4))(experts)), atol=1e-6)
+    assert not np.any(np.asarray(nothing.stale))
+
+    smc, ens = SMC(num_particles=4, max_length=5), make_ensemble("product", 2)
+    key = jax.random.key(11)
+    plain, fast = run_jitted(smc, key, experts, ens), run_jitted(smc, key, experts.with_start_state(4), ens)
+    assert plain.expert_state.stale is not None and fast.expert_state.stale is None  # each ran as built
+    np.testing.assert_array_equal(plain.symbols, fast.symbols)
+    np.testing.assert_allclose(plain.log_weights, fast.log_weights, rtol=1e-6)
+    calls = lambda state: context_stats(state.expert_state.stores)["model_calls"]
+    start_calls = context_stats(jax.jit(lambda e: e.init(4))(experts).stores)["model_calls"]
+    assert calls(plain) == calls(fast) + start_calls
+
+
 @pytest.mark.parametrize("vocab", [VOCAB, DUPLICATED], ids=["ambiguous", "duplicates"])
 def test_lookahead_saves_calls_and_changes_no_distribution(vocab):
     """A shift that calls the model also fetches what the next-byte distribution after it may
