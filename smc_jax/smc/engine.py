@@ -267,7 +267,7 @@ class SMC:
         chex.assert_type(logp, float)
         logp = logp.astype(jnp.float32)  # [M, K, A+1]
         proposal = self.propose(key_sample, state, logp, ensemble)
-        moved = self.reweight(state, experts, logp, proposal)
+        moved = self.reweight(state, logp, proposal)
         ess = effective_sample_size(moved.log_weights)
         resampled, ancestors, moved, pre_resample_log_weights = self.resample(key_resample, moved, experts, ess)
         trace = self.record(state, ess=ess, resampled=resampled, ancestors=ancestors,
@@ -327,7 +327,7 @@ class SMC:
         return Proposal(symbols=symbols, log_norm=log_norm, viable=viable)
 
     @jax.named_scope("reweighting")
-    def reweight(self, state: SMCState, experts: ExpertGroup, logp: Float[Array, "M K A1"], proposal: Proposal) -> SMCState:
+    def reweight(self, state: SMCState, logp: Float[Array, "M K A1"], proposal: Proposal) -> SMCState:
         """The particles after their proposed symbols: weights times sum_a psi(a | x), prefixes,
         strings, lengths and finished flags (key, step, trace and expert states unchanged: the
         experts read the symbols in the next step's `catch_up`).
@@ -336,8 +336,6 @@ class SMC:
         ----------
         state : SMCState
             The particles before the step.
-        experts : ExpertGroup
-            The experts (unused: kept for the step's signature).
         logp : jax.Array, shape [M, K, A + 1]
             The experts' next-symbol log-probabilities of this step.
         proposal : Proposal
