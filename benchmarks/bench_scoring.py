@@ -99,14 +99,16 @@ PROFILED_LINE = 3
 
 
 def profile_child(model_name: str, total: int, out: str) -> None:
-    """Scores lines up to PROFILED_LINE, then that line again under `jax.profiler` (nothing
-    compiles then); writes its seconds by part. Run with XLA_FLAGS=--xla_cpu_enable_xprof_traceme=true."""
+    """Scores lines up to PROFILED_LINE, then that line again twice (nothing compiles then): its
+    three stages timed apart (the prompt's prefill, the start with its guiding call, the reading
+    program's runs), then under `jax.profiler`; writes its seconds by stage and the reading's by part.
+    Run with XLA_FLAGS=--xla_cpu_enable_xprof_traceme=true."""
     import glob
 
     import jax
 
     from benchmarks.compile_profile import runtime_parts
-    from smc_jax import load_model
+    from smc_jax import load_model, scoring
     from smc_jax.scoring import ByteScorer
 
     model, text = load_model(model_name), lines(total)
@@ -116,7 +118,21 @@ def profile_child(model_name: str, total: int, out: str) -> None:
     for i in range(PROFILED_LINE + 1):
         scorer(text[i], prompt_before(text, i))
     hlo = read.lower(*seen[-1]).compile().as_text()
-    scorer._read = read
+    stages: dict[str, float] = {}
+
+    def timed(stage, fn):
+        def run(*args, **kwargs):
+            start = time.perf_counter()
+            result = jax.block_until_ready(fn(*args, **kwargs))
+            stages[stage] = stages.get(stage, 0.0) + time.perf_counter() - start
+            return result
+        return run
+
+    prefill, begin = scoring.prefill_prompts, scorer._start
+    scoring.prefill_prompts, scorer._start, scorer._read = timed("prefill_s", prefill), timed("start_s", begin), timed(
+        "read_s", read)
+    scorer(text[PROFILED_LINE], prompt_before(text, PROFILED_LINE))
+    scoring.prefill_prompts, scorer._start, scorer._read = prefill, begin, read
     with tempfile.TemporaryDirectory() as trace:
         jax.profiler.start_trace(trace, create_perfetto_trace=True)
         start = time.perf_counter()
@@ -126,7 +142,7 @@ def profile_child(model_name: str, total: int, out: str) -> None:
         parts = runtime_parts(glob.glob(f"{trace}/**/perfetto_trace.json.gz", recursive=True)[0], hlo)
     with open(out, "w") as f:
         json.dump({"line": PROFILED_LINE, "bytes": len(text[PROFILED_LINE].encode()), "seconds": seconds,
-                   "parts": parts}, f)
+                   "stages": stages, "parts": parts}, f)
 
 
 def run_child(model_name: str, total: int, count: int, cache: str, profile: bool = False) -> dict:
@@ -157,7 +173,8 @@ def summary(model_name: str, cold: dict, warm: dict, profiled: dict) -> dict:
         "ms_per_byte_later": 1000 * steady_s / steady_bytes,
         "forwards_per_byte": forwards / steady_bytes, "rows_per_forward": sum(c["rows"] for c in steady) / forwards,
         "ms_per_forward": 1000 * steady_s / forwards,
-        "forward_share": parts.get("model forward", 0.0) / sum(parts.values()),
+        **{f"line{PROFILED_LINE}_{stage}": seconds for stage, seconds in profiled["stages"].items()},
+        "read_forward_share": parts.get("model forward", 0.0) / sum(parts.values()),
         "max_maps": max(c["maps"] for c in calls), "zero_prob_lines": sum(c["zero"] for c in calls),
         "healed_bytes": sum(c["healed"] for c in calls), "load_s": cold["load_seconds"],
     }
@@ -194,15 +211,17 @@ def main() -> None:
         "(compilations, compile seconds and maps are that process's); warm cache: a second process scores the "
         "first line. later_call: lines after the first. ms_per_byte_later, forwards_per_byte (model forwards, "
         "`ByteLogprob.model_calls`), rows_per_forward and ms_per_forward: over the later calls that compiled "
-        "nothing. max_maps: most /proc/self/maps lines after any call. forward_share: the model forward's share "
-        f"of the kernel time of line {PROFILED_LINE} scored again in a third process under `jax.profiler` "
-        "(appendix: seconds by part, summed over threads)."
+        "nothing. max_maps: most /proc/self/maps lines after any call. "
+        f"line{PROFILED_LINE}_*: line {PROFILED_LINE} scored again in a third process, its stages timed apart: the "
+        "prompt's prefill, the start (the guiding call: the contexts of the line's own tokenization and those one "
+        "token off it) and the reading program's runs. read_forward_share: the model forward's share of the "
+        "reading's kernel time under `jax.profiler` (appendix: seconds by part, summed over threads)."
     )
     names = list(profiles)
     part_rows = [{"part": part, **{n: profiles[n]["parts"].get(part, 0.0) for n in names}}
                  for part in sorted({p for n in names for p in profiles[n]["parts"]},
                                     key=lambda p: -max(profiles[n]["parts"].get(p, 0.0) for n in names))]
-    appendix = (f"## seconds by part of line {PROFILED_LINE} ({profiles[names[0]]['bytes']} bytes), profiled\n\n"
+    appendix = (f"## seconds by part of line {PROFILED_LINE}'s reading ({profiles[names[0]]['bytes']} bytes), profiled\n\n"
                 + markdown_table(part_rows, ["part", *names]))
     columns = list(rows[0])
     print(save("bench_scoring", rows, columns, {"bytes": args.bytes, "prompt_bytes": PROMPT_BYTES}, notes,

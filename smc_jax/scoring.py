@@ -4,7 +4,8 @@ A sampler built per call would hold the continuation's exact length and the prom
 constants of its program, so every call would compile anew. A `ByteScorer` instead
 
 * treats prompts and continuations as data. Prompts are prefilled into caches of
-  PROMPT_BUCKET * PROMPT_GROWTH^k tokens (`prompt_size`), and a continuation is read
+  PROMPT_BUCKET * PROMPT_GROWTH^k tokens (`prompt_size`), PREFILL_PIECE tokens at a time and
+  only as many pieces as the prompt needs, and a continuation is read
   CHUNK_BYTES at a time by one program (`_read`), the beams' state carried from run to run, so
   its length does not change the program (only the stores' token capacity does, in powers of
   two from MIN_TOKEN_BUCKET). Compiled per model: a prefill, a start state and `_read` per
@@ -15,6 +16,11 @@ constants of its program, so every call would compile anew. A `ByteScorer` inste
 * scores N pairs at once as N experts of one byte-level group (`ByteExperts` with K = N
   prompts): each byte step's model calls are batched over the pairs; a short last chunk of
   pairs is padded with empty continuations;
+* guides the beams along the continuation's own tokenization (`guide`): before reading, one
+  call creates the contexts of that tokenization (a chain of up to `guide` tokens) and those one
+  token off it that the beams meet on the way (each proper prefix of a chain token that is a
+  token itself), GUIDE_CHUNK rows per forward; the reading steps find them in the experts'
+  cache (`ByteExperts.guide`) and call the model only for the other tokenizations they keep;
 * owns its compiled programs (its own `jax.jit`): `scorer_for` keeps at most MAX_SCORERS
   scorers per model (least recently used dropped) in a weak dictionary keyed by the model, so
   programs that can no longer be used are released with their scorer or their model.
@@ -34,7 +40,14 @@ import jax.numpy as jnp
 import numpy as np
 
 from smc_jax.bytes.beam import EOS_BYTE
-from smc_jax.experts.byte import ByteExperts, ByteExpertState, ByteLogprob, byte_vocabulary
+from smc_jax.experts.byte import (
+    ByteExperts,
+    ByteExpertState,
+    ByteLogprob,
+    byte_vocabulary,
+    guide_rows,
+    token_bytes,
+)
 from smc_jax.models.contexts import ContextStoreOverflowError
 from smc_jax.models.lm import LanguageModel, Prompt, prefill_prompts
 from smc_jax.settings import CAPACITY_GROWTH, CONTEXTS_PER_BEAM_SLOT, DEFAULTS, MAX_CAPACITY_SCALE
@@ -57,6 +70,12 @@ MAX_SCORERS = 4
 DEFAULT_BATCH = 8
 #: Extra contexts per pair for healing (a healed path holds up to 1 + heal_max_backoff).
 HEAL_CONTEXTS = 4
+#: Prompt tokens read at a time by the prefill (as many pieces as the longest prompt needs).
+PREFILL_PIECE = 64
+#: Guide rows per pair (`ByteScorer(guide=...)`): its tokenization's contexts and those one token off.
+GUIDE_ROWS = 256
+#: Rows per forward of the guiding call.
+GUIDE_CHUNK = 32
 
 
 def prompt_size(n: int) -> int:
@@ -98,6 +117,17 @@ def _read(
     return jax.lax.scan(body, state, (data.T, previous.T, offset + jnp.arange(data.shape[1])))
 
 
+def _start(experts: ByteExperts, guide: jax.Array | None) -> tuple[ByteExpertState, tuple[jax.Array, ...]]:
+    """The state after the prompt, guided where `guide` ([3, K, G]: tokens, spine, count) is
+    given, and its heals, calls and rows before guiding. Raw prompt bytes are read here (with
+    model calls); a token prompt's start needs none (its distributions come at position 0)."""
+    state = experts.init(1, refresh=experts.prompt_bytes is not None)
+    counters = (state.beams.heals, state.stores.calls, state.stores.rows)
+    if guide is not None:
+        state = experts.guide(state, guide[0], guide[1], guide[2, :, 0], GUIDE_CHUNK)
+    return state, counters
+
+
 class ByteScorer:
     """log P(continuation | prompt) under one model read as a byte-level LM, for many pairs.
 
@@ -122,6 +152,9 @@ class ByteScorer:
         Token healing when a byte empties the beam (`smc_jax.bytes.healing`).
     chunk_bytes : int
         Bytes read per run of the reading program (values do not depend on it).
+    guide : int
+        Rows of the guiding call per pair (0: off; off for `prompt_as_bytes`). The values are
+        the same up to float rounding (a guided context's logits come from a larger batch).
     """
 
     def __init__(
@@ -134,9 +167,12 @@ class ByteScorer:
         prompt_as_bytes: bool = DEFAULTS.prompt_as_bytes,
         heal: bool = DEFAULTS.heal,
         chunk_bytes: int = CHUNK_BYTES,
+        guide: int = GUIDE_ROWS,
     ):
         if chunk_bytes < 1:
             raise ValueError(f"chunk_bytes must be >= 1, got {chunk_bytes}")
+        if guide < 0:
+            raise ValueError(f"guide must be >= 0 (0: off), got {guide}")
         settings = DEFAULTS.replace(level="byte", beam_width=beam_width, prune_threshold=prune_threshold,
                                     temperature=temperature, prompt_as_bytes=prompt_as_bytes, heal=heal)  # checks them
         if model.tokenizer is None or not model.tokenizer.eos_token_ids:
@@ -152,10 +188,24 @@ class ByteScorer:
         self.eos = tuple(model.tokenizer.eos_token_ids)
         self.scale = 1
         self.shapes: set[tuple] = set()
+        self.guide = 0 if prompt_as_bytes else guide
+        if self.guide:
+            self.token_bytes = token_bytes(model)
+            self.ids_of: dict[bytes, list[int]] = {}
+            for i, b in enumerate(self.token_bytes):
+                if b:
+                    self.ids_of.setdefault(b, []).append(i)
         # This scorer's own programs, released with it; a chunk's state is updated in place.
-        # Raw prompt bytes are read at init (with model calls); a token prompt's start needs none.
-        self._start = jax.jit(lambda experts: experts.init(1, refresh=experts.prompt_bytes is not None))
+        self._start = jax.jit(_start)
         self._read = jax.jit(_read, donate_argnums=(1,))
+
+    def _guide_rows(self, data: bytes) -> tuple[list[int], list[int]]:
+        """The guiding call's rows for one continuation (`guide_rows`), along its own tokenization."""
+        try:
+            chain = self.model.tokenizer.encode(data.decode("utf-8"), add_special_tokens=False)
+        except UnicodeDecodeError:  # not text: no tokenization to follow
+            return [], []
+        return guide_rows(data, chain, self.token_bytes, self.ids_of, self.guide)
 
     @property
     def compiled(self) -> int:
@@ -190,14 +240,15 @@ class ByteScorer:
                 raise ValueError(f"{self.model.name} has no BOS token to start a byte-level prompt from")
         else:
             ids = [self._prompt_ids(p) for p in prompts]
-        prefixes, logits = prefill_prompts(self.model, ids, max_tokens, token_ids=True, bucket=prompt_size)
-        num_contexts = (1 + CONTEXTS_PER_BEAM_SLOT * self.beam.width + HEAL_CONTEXTS * self.beam.heal) * scale
+        prefixes, logits = prefill_prompts(self.model, ids, max_tokens, token_ids=True, bucket=prompt_size,
+                                           piece=PREFILL_PIECE)
+        num_contexts = (1 + CONTEXTS_PER_BEAM_SLOT * self.beam.width + HEAL_CONTEXTS * self.beam.heal) * scale + self.guide
         num_entries = (2 * (max_tokens + 1) + num_contexts) * scale
         experts = ByteExperts(
             model=self.paged, prefixes=prefixes, prompt_logits=logits, trie=self.trie, allowed=self.allowed,
             eos_ids=self.eos, beam=self.beam, max_tokens=max_tokens, temperature=np.float32(self.temperature),
             num_entries=num_entries, num_contexts=num_contexts, prompt_bytes=prompt_bytes, prompt_lengths=prompt_lengths,
-            row_chunk=ROW_CHUNK,
+            row_chunk=ROW_CHUNK, guide_slots=self.guide,
         )
         shape = (k, jax.tree.leaves(prefixes)[0].shape, max_tokens, None if prompt_bytes is None else prompt_bytes.shape, scale)
         return experts, shape
@@ -212,11 +263,18 @@ class ByteScorer:
             data[i, : len(d)] = np.frombuffer(d, np.uint8)
         previous = np.pad(data[:, :-1], ((0, 0), (1, 0)))  # the byte before each position
         lengths = np.asarray([len(d) for d in datas], np.int32)
+        guide = None
+        if self.guide:
+            guide = np.zeros((3, len(pairs), self.guide), np.int32)  # tokens, spine; count in [2, :, 0]
+            for i, d in enumerate(datas):
+                tokens, spine = self._guide_rows(d)
+                guide[0, i, : len(tokens)], guide[1, i, : len(spine)], guide[2, i, 0] = tokens, spine, len(tokens)
         while True:
             experts, shape = self._experts([p for p, _ in pairs], max(1, longest), self.scale)
-            state, reads = self._start(experts), []
-            # read before the state is donated: the start's heals and calls (raw prompt bytes)
-            start_heals, start_calls, start_rows = jax.device_get((state.beams.heals, state.stores.calls, state.stores.rows))
+            state, start = self._start(experts, guide)
+            reads = []
+            # the prompt's own heals and calls (raw prompt bytes), not the continuation's
+            start_heals, start_calls, start_rows = jax.device_get(start)
             for c in range(chunks):  # dispatched without waiting: one sync at the end
                 window = slice(c * width, (c + 1) * width)
                 state, read = self._read(experts, state, previous[:, window], data[:, window], np.int32(c * width),

@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 import weakref
 from functools import partial
+from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
 import jax
@@ -49,7 +50,14 @@ from smc_jax.bytes.healing import HealPlan, healed_beam, healed_eos, plan_heal, 
 from smc_jax.bytes.trie import ROOT, TokenTrie
 from smc_jax.bytes.vocab import NUM_BYTES, token_byte_strings
 from smc_jax.experts.model_base import ModelExperts
-from smc_jax.models.contexts import NO_CONTEXT, PROMPT_CONTEXT, ContextStore, bucket_sizes, extend_group
+from smc_jax.models.contexts import (
+    NO_CONTEXT,
+    PROMPT_CONTEXT,
+    ContextStore,
+    bucket_sizes,
+    extend_contexts,
+    extend_group,
+)
 from smc_jax.models.lm import LanguageModel
 from smc_jax.utils.buckets import geometric_bucket
 from smc_jax.utils.compilation import stored_jit
@@ -144,6 +152,10 @@ class ByteExperts(ModelExperts):
     # (`_children`), created in the same call (tree attention) when their parent is created too.
     prefetch_children: int = struct.field(pytree_node=False, default=0)
     prefetch_child_depth: int = struct.field(pytree_node=False, default=2)
+    # Guiding (0 = off; scoring a known string, without prefetching): `guide` creates up to
+    # `guide_slots` contexts along the string's own tokenization in one call, and they stay in
+    # the cache, where a step finds them instead of calling.
+    guide_slots: int = struct.field(pytree_node=False, default=0)
     # Rows per model forward (0: each call site compiles one forward per batch-size bucket, and a
     # call runs the smallest that holds its rows). With n > 0 a call site holds one forward that
     # reads n rows at a time, as often as the call's rows need, the last at n // 2 if they fit:
@@ -170,8 +182,10 @@ class ByteExperts(ModelExperts):
 
     @property
     def cache_slots(self) -> int:
-        """E, the prefetch cache's size per expert (0 with prefetching off)."""
-        return self.prefetch_slots + self.prefetch_children if self.prefetch_depth else 0
+        """E, the cache's size per expert (0 with prefetching and guiding off)."""
+        if self.guide_slots and self.prefetch_depth:
+            raise ValueError("guiding (guide_slots) and prefetching (prefetch_depth) share the cache; use one")
+        return self.guide_slots or (self.prefetch_slots + self.prefetch_children if self.prefetch_depth else 0)
 
     def capacity(self, num_particles: int) -> tuple[int, int]:
         """(pool entries, contexts). The worst case: contexts alive at once are the prompt's,
@@ -279,7 +293,7 @@ class ByteExperts(ModelExperts):
         args = (stores, self.model, self.prefixes, flat(parent), flat(token), flat(wanted), keep, self._summarize,
                 # ~one fresh context per particle and step; prefetch rows may fill up to 4 times that
                 bucket_sizes(m * r, typical=m, doublings=2 if self.cache_slots and self.prefetch_rows else 1))
-        if prefetch is False or not self.cache_slots:
+        if prefetch is False or not self.prefetch_depth:
             stores, created = extend_group(*args, chunk=self.row_chunk)
             return stores, cache, jnp.moveaxis(created.reshape(k, m, r), 0, 1)
         called = jnp.any(wanted) & prefetch
@@ -302,6 +316,52 @@ class ByteExperts(ModelExperts):
         )
         cache = jax.tree.map(lambda x, y: jnp.where(called, x, y), new, cache)
         return stores, cache, jnp.moveaxis(created.reshape(k, m, r), 0, 1)
+
+    @jax.named_scope("guide")
+    def guide(
+        self, state: ByteExpertState, tokens: Int[Array, "K G"], spine: Int[Array, "K G"], count: Int[Array, "K"],
+        chunk: int,
+    ) -> ByteExpertState:
+        """Creates, with one call of `chunk` rows at a time, the contexts prompt + tokens[k, :spine[k, g]]
+        + tokens[k, g] for g < count[k] (rows 0..s-1 of expert k a chain with spine[k, j] = j,
+        the others one token off it), and makes them the cache, keyed by parent and token: the
+        beams of a state just after the prompt find them instead of calling the model
+        (`_resolve`). The same distributions, up to float rounding (computed `chunk` rows at a time).
+
+        Parameters
+        ----------
+        state : ByteExpertState
+            The state after the prompt (`init` or `init_deferred`).
+        tokens, spine : jax.Array, shape [K, G], int32
+            Each row's token and the number of chain rows before it.
+        count : jax.Array, shape [K], int32
+            The rows used per expert (a prefix of each row list).
+        chunk : int
+            Rows per forward (static).
+        """
+        if tokens.shape[1] != self.cache_slots or not self.guide_slots:
+            raise ValueError(f"guide takes guide_slots = {self.guide_slots} rows per expert, got {tokens.shape[1]}")
+        k, g = tokens.shape
+        flat = lambda x: jnp.moveaxis(x, 1, 0).reshape(k, -1)
+        keep = jnp.concatenate([flat(state.beams.context), flat(state.beams.ext_context)], axis=1)
+        valid = jnp.arange(g)[None] < count[:, None]
+        root = jnp.full((g,), PROMPT_CONTEXT, jnp.int32)
+        # unbatched bounds: one loop of forwards and one path width for all experts and problems
+        rows_used, span = shared_max(jnp.max(count)), shared_max(jnp.max(jnp.where(valid, spine, 0)))
+        create = lambda store, prefix, token, ok, kept, spine: extend_contexts(
+            store, self.model, prefix, root, token, ok, kept, self._summarize, span=span, chunk=chunk,
+            rows_used=rows_used, spine=spine)
+        stores, context = jax.vmap(create)(state.stores, self.prefixes, tokens, valid, keep, spine)
+        # a row's parent is the chain row before its spine's end (the prompt for spine 0)
+        parent = jnp.where(spine > 0, jnp.take_along_axis(context, jnp.maximum(spine - 1, 0), axis=1), PROMPT_CONTEXT)
+        cache = PrefetchCache(
+            context=context,
+            parent_entry=jax.vmap(ContextStore.entry_of)(stores, parent),
+            token=tokens,
+            hits=state.cache.hits,
+            created=state.cache.created + jnp.sum(context != NO_CONTEXT, axis=1).astype(jnp.int32),
+        )
+        return state._replace(stores=stores, cache=cache)
 
     @jax.named_scope("prefetch")
     def _plan_prefetch(self, stores: ContextStore, cache: PrefetchCache, beams: BeamState) -> _PrefetchPlan:
@@ -695,6 +755,45 @@ class ByteExperts(ModelExperts):
         )
 
 
+def guide_rows(
+    data: bytes, chain: Sequence[int], token_bytes: Sequence[bytes | None], ids_of: Mapping[bytes, Sequence[int]],
+    limit: int,
+) -> tuple[list[int], list[int]]:
+    """The rows of `ByteExperts.guide` for one string: the tokens of `chain` (a tokenization of
+    `data`, as far as their bytes spell it), then, per chain token, every other token whose bytes
+    are a proper prefix of that token's (`ids_of`: the ids of each byte string), where the beams
+    pass on the way; at most `limit` rows, the chain first. Returns (tokens, spine).
+
+    Parameters
+    ----------
+    data : bytes
+        The string the beams will read.
+    chain : sequence of int
+        Token ids, in order (the string's own tokenization).
+    token_bytes : sequence of bytes or None
+        Each id's bytes.
+    ids_of : mapping of bytes to ids
+        The ids of each byte string.
+    limit : int
+        The most rows.
+    """
+    followed, starts, position = [], [], 0
+    for i in list(chain)[:limit]:
+        piece = token_bytes[i]
+        if not piece or data[position : position + len(piece)] != piece:
+            break
+        followed.append(i)
+        starts.append(position)
+        position += len(piece)
+    tokens, spine = list(followed), list(range(len(followed)))
+    for j, (i, start) in enumerate(zip(followed, starts)):
+        for size in range(1, len(token_bytes[i])):
+            for other in ids_of.get(data[start : start + size], ()):
+                tokens.append(other)
+                spine.append(j)
+    return tokens[:limit], spine[:limit]
+
+
 def _best_of_each(key1: Int[Array, "Q"], key2: Int[Array, "Q"], score: Float[Array, "Q"]) -> Float[Array, "Q"]:
     """The scores with every repeated (key1, key2) pair but its best-scored copy set to -inf."""
     order = jnp.lexsort((-score, key2, key1))
@@ -784,7 +883,18 @@ def byte_logprob(experts: ByteExperts, data: bytes) -> ByteLogprob:
     )
 
 
-_BYTE_VOCABS: "weakref.WeakKeyDictionary[LanguageModel, tuple[TokenTrie, np.ndarray]]" = weakref.WeakKeyDictionary()
+_BYTE_VOCABS: "weakref.WeakKeyDictionary[LanguageModel, tuple[TokenTrie, np.ndarray, list]]" = weakref.WeakKeyDictionary()
+
+
+def _vocabulary(model: LanguageModel) -> tuple[TokenTrie, np.ndarray, list[bytes | None]]:
+    if model not in _BYTE_VOCABS:
+        if model.tokenizer is None:
+            raise ValueError(f"{model.name} has no tokenizer, so its tokens' bytes are unknown")
+        vocab = token_byte_strings(model.tokenizer.hf, vocab_size=model.config.vocab_size)
+        allowed = np.array([b is not None for b in vocab.byte_strings])
+        allowed[list(model.tokenizer.eos_token_ids)] = True
+        _BYTE_VOCABS[model] = (TokenTrie.build(vocab.byte_strings), allowed, vocab.byte_strings)
+    return _BYTE_VOCABS[model]
 
 
 def byte_vocabulary(model: LanguageModel) -> tuple[TokenTrie, np.ndarray]:
@@ -795,11 +905,15 @@ def byte_vocabulary(model: LanguageModel) -> tuple[TokenTrie, np.ndarray]:
     model : LanguageModel
         A model with its tokenizer.
     """
-    if model not in _BYTE_VOCABS:
-        if model.tokenizer is None:
-            raise ValueError(f"{model.name} has no tokenizer, so its tokens' bytes are unknown")
-        vocab = token_byte_strings(model.tokenizer.hf, vocab_size=model.config.vocab_size)
-        allowed = np.array([b is not None for b in vocab.byte_strings])
-        allowed[list(model.tokenizer.eos_token_ids)] = True
-        _BYTE_VOCABS[model] = (TokenTrie.build(vocab.byte_strings), allowed)
-    return _BYTE_VOCABS[model]
+    return _vocabulary(model)[:2]
+
+
+def token_bytes(model: LanguageModel) -> list[bytes | None]:
+    """Each token id's bytes (None for the ids a byte-level LM may not use but EOS).
+
+    Parameters
+    ----------
+    model : LanguageModel
+        A model with its tokenizer.
+    """
+    return _vocabulary(model)[2]

@@ -188,6 +188,7 @@ def extend_contexts(
     span: Int[Array, ""] | None = None,
     chunk: int = 0,
     rows_used: Int[Array, ""] | None = None,
+    spine: Int[Array, "U"] | None = None,
 ) -> tuple[ContextStore, Int[Array, "U"]]:
     """Creates context parent + token for each valid row with one model call of U rows.
 
@@ -200,6 +201,10 @@ def extend_contexts(
     time, as many times as the last valid row needs (rows are compacted to the front), or as
     `rows_used` (unbatched) says, a last chunk that fits in half a chunk read at half size: one
     forward in the program whatever U (and its half), and work in proportion to the rows used.
+    `spine[u] = s` makes row u continue parent[u] + the tokens of rows 0..s-1 of this call
+    (which must form a chain: row j < s has spine j and the same parent), so one call creates
+    a chain of tokens and contexts one token off it (tree attention, excluding `parent_row`);
+    a row is created only where its whole spine is.
     Returns the store and the new context ids (NO_CONTEXT for invalid rows)."""
     n, t = store.num_entries, store.num_contexts
     u = parent.shape[0]
@@ -226,19 +231,27 @@ def extend_contexts(
         # Rows in the tree are optional: one whose path would be full is dropped, not an overflow
         # (no continuation has more tokens than max_tokens); their room was checked above.
         ok = jnp.where(in_call, ok[row] & valid & (depth < store.max_tokens), ok)
+    if spine is not None:  # row u's path: its parent's, then the entries of rows 0..spine[u]-1
+        slot = jnp.arange(store.max_tokens, dtype=jnp.int32)[None] - depth[:, None]
+        on_spine = (slot >= 0) & (slot < spine[:, None])
+        paths = jnp.where(on_spine, new_entry[jnp.clip(slot, 0, u - 1)], paths)
+        depth = depth + spine
+        # the spine's rows are 0..spine-1, all created (a prefix of the valid rows) or none
+        ok = ok & (depth < store.max_tokens) & (jnp.cumsum(~ok)[jnp.clip(spine - 1, 0, u - 1)] * (spine > 0) == 0)
     write_entry = jnp.where(ok, new_entry, n)
     write_ctx = jnp.where(ok, new_ctx, t)
 
     written = jnp.sum(ok).astype(jnp.int32)
 
     options = {} if span is None else {"span": span}
-    if parent_row is not None:
+    if parent_row is not None or spine is not None:
         options["tree"] = True
     put = lambda summary, at, logits: jax.tree.map(
         lambda table, new: table.at[at].set(new, mode="drop"), summary, summarize(logits))
     if 0 < chunk < u:
         pool, summary, computed = _chunked_step(model, prefix, store.pool, store.summary, paths, depth, token,
-                                                write_entry, write_ctx, ok, put, chunk, options, n, t, rows_used)
+                                                write_entry, write_ctx, ok, put, chunk, options, n, t, rows_used,
+                                                halves=spine is None)
     else:
         logits, pool = model.step(prefix, store.pool, paths, depth, token, write_entry, **options)
         summary, computed = put(store.summary, write_ctx, logits), u
@@ -260,7 +273,7 @@ def extend_contexts(
 
 
 def _chunked_step(model, prefix, pool, summary, paths, depth, token, write_entry, write_ctx, ok, put, chunk, options,
-                  no_entry, no_context, rows_used):
+                  no_entry, no_context, rows_used, halves=True):
     """`model.step` on rows [i * chunk, (i + 1) * chunk) for i = 0, 1, ... while some row at or
     after i * chunk is written (`extend_contexts` with `chunk`); out-of-range writes pad the last.
     With `rows_used` (unbatched), a last chunk whose rows fit in half a chunk is read as a half
@@ -274,7 +287,7 @@ def _chunked_step(model, prefix, pool, summary, paths, depth, token, write_entry
     # Rows up to the last written one; given from outside a vmap, the loop is not batched (a
     # batched loop would select whole pools at every iteration).
     needed = jnp.max(jnp.where(ok, jnp.arange(u) + 1, 0)) if rows_used is None else rows_used
-    half = chunk // 2 if rows_used is not None else 0
+    half = chunk // 2 if rows_used is not None and halves else 0
 
     def read(start, size):
         def run(carry):

@@ -40,6 +40,8 @@ extend = jax.jit(transformer.extend, static_argnames="config")
 decode = jax.jit(transformer.decode, static_argnames="config")
 # K prompts padded to one size at once (the expert groups' prompt caches, stacked on axis 0).
 prefill_many = jax.jit(jax.vmap(transformer.prefill, in_axes=(None, None, 0, 0)), static_argnames="config")
+prefill_many_pieces = jax.jit(jax.vmap(transformer.prefill_pieces, in_axes=(None, None, 0, 0, None)),
+                              static_argnames=("config", "piece"))
 
 
 @partial(jax.jit, static_argnames="config", donate_argnames="cache")
@@ -132,7 +134,7 @@ class LanguageModel:
         return PagedTransformer(params=self.params, config=self.config)
 
     def prefill_batch(
-        self, padded: Int[Array, "prompts tokens"], lengths: Int[Array, " prompts"]
+        self, padded: Int[Array, "prompts tokens"], lengths: Int[Array, " prompts"], piece: int = 0
     ) -> tuple[PrefixCache, Float[Array, "prompts vocab"]]:
         """Prompt caches of K right-padded prompts (stacked on axis 0) and their next-token logits.
 
@@ -142,7 +144,12 @@ class LanguageModel:
             The prompts, right-padded to one bucket size.
         lengths : int array [K]
             Their real lengths.
+        piece : int
+            Read the prompts `piece` tokens at a time, as many pieces as the longest needs
+            (`transformer.prefill_pieces`: work in proportion to the length); 0: all P at once.
         """
+        if piece:
+            return prefill_many_pieces(self.params, self.config, padded, lengths, piece)
         return prefill_many(self.params, self.config, padded, lengths)
 
     def with_prompt_capacity(self, capacity: int) -> LanguageModel:
@@ -251,6 +258,7 @@ def prefill_prompts(
     max_new_tokens: int,
     token_ids: bool = False,
     bucket: Callable[[int], int] | None = None,
+    piece: int = 0,
 ):
     """Prompt caches of K prompts padded to one bucket size, stacked, and their next-token logits
     (prompts are text or chat messages, or token ids when `token_ids`).
@@ -268,6 +276,8 @@ def prefill_prompts(
     bucket : callable, optional
         Padded size of a prompt of n tokens (default: `prompt_bucket`, within the model's
         prompt capacity).
+    piece : int
+        Tokens read at a time (`LanguageModel.prefill_batch`; 0: the padded prompt at once).
     """
     ids = [list(p) for p in prompts] if token_ids else [model.encode_prompt(p) for p in prompts]
     for i, seq in enumerate(ids):
@@ -285,4 +295,5 @@ def prefill_prompts(
     for i, seq in enumerate(ids):
         padded[i, : len(seq)] = seq
     lengths = np.asarray([len(seq) for seq in ids], np.int32)
-    return model.prefill_batch(jax.device_put(padded), jax.device_put(lengths))  # transfers: no program per shape
+    arrays = jax.device_put(padded), jax.device_put(lengths)  # transfers: no program per shape
+    return model.prefill_batch(*arrays, piece=piece)

@@ -1,5 +1,6 @@
-"""Prefetching (`ByteExperts.prefetch_depth`): fewer sequential model calls, the same next-byte
-distributions, on a toy token LM whose strings cross several token boundaries."""
+"""Prefetching (`ByteExperts.prefetch_depth`) and guiding (`ByteExperts.guide`): fewer
+sequential model calls, the same next-byte distributions, on a toy token LM whose strings cross
+several token boundaries."""
 
 import jax
 import jax.numpy as jnp
@@ -7,7 +8,7 @@ import numpy as np
 
 from smc_jax.bytes.beam import BeamConfig
 from smc_jax.bytes.trie import TokenTrie
-from smc_jax.experts.byte import ByteExperts
+from smc_jax.experts.byte import ByteExperts, guide_rows
 from smc_jax.experts.toy import NGramTokenLM
 
 # Single bytes (any string has a tokenization) and longer tokens the model prefers.
@@ -24,13 +25,13 @@ def _model() -> NGramTokenLM:
     return NGramTokenLM(table=table, vocab_size=v, order=2)
 
 
-def _experts(lm: NGramTokenLM, prefetch_depth: int, children: int = 0) -> ByteExperts:
+def _experts(lm: NGramTokenLM, prefetch_depth: int, children: int = 0, guide_slots: int = 0) -> ByteExperts:
     prefixes, logits = zip(*[lm.prefill(p) for p in ([0], [2])])
     return ByteExperts(
         model=lm, prefixes=jnp.stack(prefixes), prompt_logits=jnp.stack(logits), trie=TokenTrie.build(VOCAB),
         allowed=jnp.ones((len(VOCAB),), bool), eos_ids=(EOS_ID,), beam=BeamConfig(width=3, threshold=0.05),
         max_tokens=NUM_BYTES + 1, prefetch_depth=prefetch_depth, prefetch_slots=24, prefetch_rows=4,
-        prefetch_children=children,
+        prefetch_children=children, guide_slots=guide_slots,
     )
 
 
@@ -123,3 +124,58 @@ def _node(trie: TokenTrie, path: bytes):
     for byte in path:
         node = child(trie, node, jnp.asarray(byte))
     return node
+
+
+def _longest_match(data: bytes) -> list[int]:
+    """A tokenization of `data`: the longest token at each position."""
+    ids, position = [], 0
+    while position < len(data):
+        i = max((i for i, b in enumerate(VOCAB) if b and data.startswith(b, position)), key=lambda i: len(VOCAB[i]))
+        ids.append(i)
+        position += len(VOCAB[i])
+    return ids
+
+
+@jax.jit
+def _guided_read(experts: ByteExperts, rows: jax.Array, data: jax.Array):
+    """One particle reads `data` in both experts, guided by rows [3, K, G] (tokens, spine, count)."""
+    state = experts.init(1)
+    if experts.guide_slots:
+        state = experts.guide(state, rows[0], rows[1], rows[2, :, 0], chunk=8)
+
+    def body(state, byte):
+        state = experts.advance(state, byte[None], jnp.ones((1,), bool))
+        return state, state.beams.next_logp
+
+    return jax.lax.scan(body, state, data)
+
+
+def test_guide_along_a_tokenization_saves_calls_and_changes_no_distribution():
+    """Guided by a tokenization of the string (the longest-match one, not the model's likeliest)
+    and the tokens one off it, the beams find their contexts in the cache: far fewer calls,
+    the same distributions bit for bit."""
+    lm = _model()
+    ids_of = {}
+    for i, b in enumerate(VOCAB):
+        if b:
+            ids_of.setdefault(b, []).append(i)
+    g = 32
+    for string in _sample_strings(lm):
+        data = bytes(string.tolist())
+        chain = _longest_match(data)
+        tokens, spine = guide_rows(data, chain, VOCAB, ids_of, g)
+        assert tokens[: len(chain)] == chain and spine[: len(chain)] == list(range(len(chain)))
+        # the rest: tokens spelling a proper prefix of a chain token, after the chain before it
+        for token, j in zip(tokens[len(chain):], spine[len(chain):]):
+            assert VOCAB[chain[j]].startswith(VOCAB[token]) and VOCAB[token] != VOCAB[chain[j]]
+        rows = np.zeros((3, 2, g), np.int32)
+        rows[0, :, : len(tokens)], rows[1, :, : len(spine)], rows[2, :, 0] = tokens, spine, len(tokens)
+        runs = {}
+        for slots in (0, g):
+            state, logps = _guided_read(_experts(lm, 0, guide_slots=slots), jnp.asarray(rows), jnp.asarray(string))
+            runs[slots] = _experts(lm, 0, guide_slots=slots).stats(state), np.asarray(logps)
+        (off, logp_off), (on, logp_on) = runs[0], runs[g]
+        np.testing.assert_array_equal(logp_on, logp_off)
+        assert on["prefetch_hits"] > 0 and off["prefetch_hits"] == 0
+        # the guiding call, plus calls for the tokenizations off the guide the beam keeps
+        assert on["model_calls"] <= 0.5 * off["model_calls"], (on, off)
