@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import math
 import weakref
-from functools import partial
 from collections.abc import Mapping, Sequence
+from functools import partial
 from typing import NamedTuple
 
 import jax

@@ -203,8 +203,8 @@ def extend_contexts(
     forward in the program whatever U (and its half), and work in proportion to the rows used.
     `spine[u] = s` makes row u continue parent[u] + the tokens of rows 0..s-1 of this call
     (which must form a chain: row j < s has spine j and the same parent), so one call creates
-    a chain of tokens and contexts one token off it (tree attention, excluding `parent_row`);
-    a row is created only where its whole spine is.
+    a chain of tokens and contexts one token off it (tree attention; not with `parent_row`, and
+    read in whole chunks only); a row is created only where its whole spine is.
     Returns the store and the new context ids (NO_CONTEXT for invalid rows)."""
     n, t = store.num_entries, store.num_contexts
     u = parent.shape[0]
