@@ -47,6 +47,7 @@ from smc_jax.experts.byte import (
     byte_vocabulary,
     guide_rows,
     token_bytes,
+    token_ids_of,
 )
 from smc_jax.models.contexts import ContextStoreOverflowError
 from smc_jax.models.lm import LanguageModel, Prompt, prefill_prompts
@@ -190,11 +191,7 @@ class ByteScorer:
         self.shapes: set[tuple] = set()
         self.guide = 0 if prompt_as_bytes else guide
         if self.guide:
-            self.token_bytes = token_bytes(model)
-            self.ids_of: dict[bytes, list[int]] = {}
-            for i, b in enumerate(self.token_bytes):
-                if b:
-                    self.ids_of.setdefault(b, []).append(i)
+            self.token_bytes, self.ids_of = token_bytes(model), token_ids_of(model)
         # This scorer's own programs, released with it; a chunk's state is updated in place.
         self._start = jax.jit(_start)
         self._read = jax.jit(_read, donate_argnums=(1,))

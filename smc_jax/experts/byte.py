@@ -917,3 +917,34 @@ def token_bytes(model: LanguageModel) -> list[bytes | None]:
         A model with its tokenizer.
     """
     return _vocabulary(model)[2]
+
+
+_IDS_OF: "weakref.WeakKeyDictionary[LanguageModel, dict[bytes, list[int]]]" = weakref.WeakKeyDictionary()
+
+
+def ids_by_bytes(byte_strings: Sequence[bytes | None]) -> dict[bytes, list[int]]:
+    """The ids of each (non-empty) byte string, in id order.
+
+    Parameters
+    ----------
+    byte_strings : sequence of bytes or None
+        Each id's bytes.
+    """
+    ids: dict[bytes, list[int]] = {}
+    for i, b in enumerate(byte_strings):
+        if b:
+            ids.setdefault(b, []).append(i)
+    return ids
+
+
+def token_ids_of(model: LanguageModel) -> dict[bytes, list[int]]:
+    """`ids_by_bytes` of the model's tokens, built once per model (`guide_rows` reads it).
+
+    Parameters
+    ----------
+    model : LanguageModel
+        A model with its tokenizer.
+    """
+    if model not in _IDS_OF:
+        _IDS_OF[model] = ids_by_bytes(token_bytes(model))
+    return _IDS_OF[model]

@@ -8,7 +8,7 @@ import numpy as np
 
 from smc_jax.bytes.beam import BeamConfig
 from smc_jax.bytes.trie import TokenTrie
-from smc_jax.experts.byte import ByteExperts, guide_rows
+from smc_jax.experts.byte import ByteExperts, guide_rows, ids_by_bytes
 from smc_jax.experts.toy import NGramTokenLM
 
 # Single bytes (any string has a tokenization) and longer tokens the model prefers.
@@ -155,10 +155,7 @@ def test_guide_along_a_tokenization_saves_calls_and_changes_no_distribution():
     and the tokens one off it, the beams find their contexts in the cache: far fewer calls,
     the same distributions bit for bit."""
     lm = _model()
-    ids_of = {}
-    for i, b in enumerate(VOCAB):
-        if b:
-            ids_of.setdefault(b, []).append(i)
+    ids_of = ids_by_bytes(VOCAB)
     g = 32
     for string in _sample_strings(lm):
         data = bytes(string.tolist())
