@@ -21,6 +21,8 @@ constants of its program, so every call would compile anew. A `ByteScorer` inste
   token off it that the beams meet on the way (each proper prefix of a chain token that is a
   token itself), GUIDE_CHUNK rows per forward; the reading steps find them in the experts'
   cache (`ByteExperts.guide`) and call the model only for the other tokenizations they keep;
+* compiles a new shape's two programs at once (`_compile`): the start's in a thread, while
+  the reading program is traced and compiled (XLA compiles without holding the GIL);
 * owns its compiled programs (its own `jax.jit`): `scorer_for` keeps at most MAX_SCORERS
   scorers per model (least recently used dropped) in a weak dictionary keyed by the model, so
   programs that can no longer be used are released with their scorer or their model.
@@ -34,6 +36,7 @@ from __future__ import annotations
 import weakref
 from collections import OrderedDict
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 
 import jax
 import jax.numpy as jnp
@@ -204,6 +207,18 @@ class ByteScorer:
             return [], []
         return guide_rows(data, chain, self.token_bytes, self.ids_of, self.guide)
 
+    def _compile(self, experts: ByteExperts, guide, previous, data, lengths) -> tuple[ByteExpertState, tuple]:
+        """The start (`_start`) of a new shape, its program compiled and run in a thread while the
+        reading program is traced, lowered and compiled here (XLA compiles without the GIL), so a
+        first call waits about for the longer of the two, not for their sum; later calls of
+        either program find it compiled."""
+        traced = self._start.trace(experts, guide)
+        lowered = traced.lower()
+        with ThreadPoolExecutor(1) as pool:
+            started = pool.submit(lambda: lowered.compile()(experts, guide))
+            self._read.trace(experts, traced.out_info[0], previous, data, np.int32(0), lengths).lower().compile()
+            return started.result()
+
     @property
     def compiled(self) -> int:
         return len(self.shapes)
@@ -268,7 +283,10 @@ class ByteScorer:
                 guide[0, i, : len(tokens)], guide[1, i, : len(spine)], guide[2, i, 0] = tokens, spine, len(tokens)
         while True:
             experts, shape = self._experts([p for p, _ in pairs], max(1, longest), self.scale)
-            state, start = self._start(experts, guide)
+            if shape in self.shapes:
+                state, start = self._start(experts, guide)
+            else:
+                state, start = self._compile(experts, guide, previous[:, :width], data[:, :width], lengths)
             reads = []
             # the prompt's own heals and calls (raw prompt bytes), not the continuation's
             start_heals, start_calls, start_rows = jax.device_get(start)

@@ -61,7 +61,7 @@ from smc_jax.models.contexts import (
 from smc_jax.models.lm import LanguageModel
 from smc_jax.utils.buckets import geometric_bucket
 from smc_jax.utils.compilation import stored_jit
-from smc_jax.utils.control import in_place_cond, in_place_switch
+from smc_jax.utils.control import in_place_cond, in_place_switch, map_axis
 from smc_jax.utils.problems import shared_max
 
 
@@ -351,7 +351,7 @@ class ByteExperts(ModelExperts):
         create = lambda store, prefix, token, ok, kept, spine: extend_contexts(
             store, self.model, prefix, root, token, ok, kept, self._summarize, span=span, chunk=chunk,
             rows_used=rows_used, spine=spine)
-        stores, context = jax.vmap(create)(state.stores, self.prefixes, tokens, valid, keep, spine)
+        stores, context = map_axis(create)(state.stores, self.prefixes, tokens, valid, keep, spine)
         # a row's parent is the chain row before its spine's end (the prompt for spine 0)
         parent = jnp.where(spine > 0, jnp.take_along_axis(context, jnp.maximum(spine - 1, 0), axis=1), PROMPT_CONTEXT)
         cache = PrefetchCache(

@@ -31,7 +31,7 @@ import numpy as np
 from flax import struct
 from jaxtyping import Array, Bool, Float, Int
 
-from smc_jax.utils.control import in_place_cond
+from smc_jax.utils.control import in_place_cond, map_axis
 from smc_jax.utils.problems import shared_max
 
 PyTree = Any
@@ -360,7 +360,7 @@ def extend_group(
     """
     if chunk:
         buckets = tuple(buckets)[-1:]
-    reqs = jax.vmap(dedupe)(parent, token, valid)
+    reqs = map_axis(dedupe)(parent, token, valid)
     k, r = parent.shape
     has_optional = optional is not None
     if optional is None:
@@ -392,7 +392,7 @@ def extend_group(
 
     # The longest path a row of the call continues, +1 for rows continuing a row of the call:
     # found outside the vmap over experts, so the model cuts its paths to one width for all.
-    depth_of = lambda parents, ok: jnp.where(ok, jax.vmap(context_depth)(stores, parents), 0)
+    depth_of = lambda parents, ok: jnp.where(ok, map_axis(context_depth)(stores, parents), 0)
     span = jnp.maximum(jnp.max(depth_of(parent, valid), initial=0), jnp.max(depth_of(opt_parent, opt_valid), initial=0))
     span = shared_max(span + (0 if link is None else 1))
 
@@ -420,7 +420,7 @@ def extend_group(
                 )
                 return store, jnp.full((r + e,), NO_CONTEXT, jnp.int32).at[:size].set(created)
 
-            return jax.vmap(one)(carry[0], prefixes, reqs, keep, fresh, own_row, opt_parent, opt_token, parent_row)
+            return map_axis(one)(carry[0], prefixes, reqs, keep, fresh, own_row, opt_parent, opt_token, parent_row)
 
         return run
 

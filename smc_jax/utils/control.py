@@ -47,3 +47,32 @@ def in_place_switch(index: Int[Array, ""], branches: Sequence[Callable[[PyTree],
     for j, fn in enumerate(branches):
         operand = in_place_cond(index == j, fn, operand)
     return operand
+
+
+
+def map_axis(fn: Callable[..., PyTree], in_axes: int | tuple[int | None, ...] = 0, out_axes: int = 0) -> Callable[..., PyTree]:
+    """`jax.vmap(fn, in_axes, out_axes)`, except that a mapped axis of size 1 calls fn on its
+    one slice: batching a program (a model's forward inside loops, the beams' trie code) costs
+    seconds of tracing and a larger program, and one expert per model is the common case. The
+    values are the same.
+
+    Parameters
+    ----------
+    fn : callable
+        Arrays without the mapped axis -> a pytree of arrays.
+    in_axes : int or tuple of (int or None)
+        The mapped axis of every argument, or of each (None: not mapped).
+    out_axes : int
+        Where the mapped axis goes in every output.
+    """
+
+    def mapped(*args: PyTree) -> PyTree:
+        axes = in_axes if isinstance(in_axes, tuple) else (in_axes,) * len(args)
+        sizes = {x.shape[a] for arg, a in zip(args, axes) if a is not None for x in jax.tree.leaves(arg)}
+        if sizes != {1}:
+            return jax.vmap(fn, in_axes=in_axes, out_axes=out_axes)(*args)
+        one = [arg if a is None else jax.tree.map(lambda x, a=a: jax.lax.index_in_dim(x, 0, a, keepdims=False), arg)
+               for arg, a in zip(args, axes)]
+        return jax.tree.map(lambda x: jnp.expand_dims(x, out_axes), fn(*one))
+
+    return mapped
