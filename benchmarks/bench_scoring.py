@@ -114,7 +114,15 @@ def profile_child(model_name: str, total: int, out: str) -> None:
     model, text = load_model(model_name), lines(total)
     scorer = ByteScorer(model)  # logprob's scorer: the default settings
     read, seen = scorer._read, []
-    scorer._read = lambda *args: seen.append(args[:1] + tuple(jax.tree.map(jax.numpy.copy, args[1:]))) or read(*args)
+
+    class Recorded:  # the reading program, its arguments kept (copies: the state is donated)
+        trace = read.trace
+
+        def __call__(self, *args):
+            seen.append(args[:1] + tuple(jax.tree.map(jax.numpy.copy, args[1:])))
+            return read(*args)
+
+    scorer._read = Recorded()
     for i in range(PROFILED_LINE + 1):
         scorer(text[i], prompt_before(text, i))
     hlo = read.lower(*seen[-1]).compile().as_text()
