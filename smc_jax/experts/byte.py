@@ -50,6 +50,7 @@ from smc_jax.bytes.healing import HealPlan, healed_beam, healed_eos, plan_heal, 
 from smc_jax.bytes.trie import ROOT, TokenTrie
 from smc_jax.bytes.vocab import NUM_BYTES, token_byte_strings
 from smc_jax.experts.model_base import ModelExperts
+from smc_jax.experts.stored_vocab import stored_vocabulary
 from smc_jax.models.contexts import (
     NO_CONTEXT,
     PROMPT_CONTEXT,
@@ -890,10 +891,14 @@ def _vocabulary(model: LanguageModel) -> tuple[TokenTrie, np.ndarray, list[bytes
     if model not in _BYTE_VOCABS:
         if model.tokenizer is None:
             raise ValueError(f"{model.name} has no tokenizer, so its tokens' bytes are unknown")
-        vocab = token_byte_strings(model.tokenizer.hf, vocab_size=model.config.vocab_size)
-        allowed = np.array([b is not None for b in vocab.byte_strings])
+        def build() -> tuple[TokenTrie, tuple[bytes | None, ...]]:
+            byte_strings = token_byte_strings(model.tokenizer.hf, vocab_size=model.config.vocab_size).byte_strings
+            return TokenTrie.build(byte_strings), byte_strings
+
+        trie, byte_strings = stored_vocabulary(model.tokenizer.hf, model.config.vocab_size, build)
+        allowed = np.array([b is not None for b in byte_strings])
         allowed[list(model.tokenizer.eos_token_ids)] = True
-        _BYTE_VOCABS[model] = (TokenTrie.build(vocab.byte_strings), allowed, vocab.byte_strings)
+        _BYTE_VOCABS[model] = (trie, allowed, byte_strings)
     return _BYTE_VOCABS[model]
 
 
