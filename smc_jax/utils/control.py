@@ -1,4 +1,4 @@
-"""Branches that update large operands in place.
+"""Branches that update large operands in place, and a vmap that skips batching an axis of one.
 
 Why not `lax.cond` / `lax.switch`: XLA gives a conditional's result buffers of its own, so every
 branch, the pass-through one included, copies what it returns (a KV pool and every context's
@@ -49,12 +49,10 @@ def in_place_switch(index: Int[Array, ""], branches: Sequence[Callable[[PyTree],
     return operand
 
 
-
 def map_axis(fn: Callable[..., PyTree], in_axes: int | tuple[int | None, ...] = 0, out_axes: int = 0) -> Callable[..., PyTree]:
     """`jax.vmap(fn, in_axes, out_axes)`, except that a mapped axis of size 1 calls fn on its
-    one slice: batching a program (a model's forward inside loops, the beams' trie code) costs
-    seconds of tracing and a larger program, and one expert per model is the common case. The
-    values are the same.
+    one slice: batching a model's forward inside loops costs seconds of tracing and a larger
+    program, and one expert per model is the common case. The values are the same.
 
     Parameters
     ----------
