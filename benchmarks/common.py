@@ -47,13 +47,60 @@ def commit() -> str:
         status = subprocess.run(["git", "status", "--porcelain", "--", ".", ":!benchmarks/results", ":!evaluation/results"],
                                 cwd=ROOT, capture_output=True, text=True, check=True)
     except (OSError, subprocess.CalledProcessError):
-        return "unknown"
+        # A copied tree without .git (another machine's run): the commit it was copied at, if told.
+        return os.environ.get("SMC_JAX_BENCH_COMMIT", "unknown")
     return head.stdout.strip() + ("-dirty" if status.stdout.strip() else "")
 
 
 def run_facts() -> dict[str, str]:
     """When and from what code a result was measured: `date` (UTC, ISO 8601) and `commit`."""
     return {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "commit": commit()}
+
+
+def device_label() -> str:
+    """The device a run computes on: "cpu", or the accelerator's kind (e.g. "NVIDIA H200").
+    Scripts that keep rows from earlier runs keep each device's rows apart by it."""
+    import jax
+
+    device = jax.devices()[0]
+    return "cpu" if device.platform == "cpu" else device.device_kind
+
+
+class DeviceBusy:
+    """The fraction of wall time a GPU was running a kernel while the block ran: NVML's
+    utilization (the share of its last sample period, 1/6 to 1 s, with a kernel executing),
+    polled every 50 ms and averaged. `fraction` stays None without an NVIDIA GPU or pynvml."""
+
+    def __init__(self, period: float = 0.05):
+        self.period, self.fraction, self._samples = period, None, []
+
+    def __enter__(self) -> DeviceBusy:
+        import threading
+
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+        except Exception:  # no pynvml, no driver or no GPU: nothing to read
+            self._thread = None
+            return self
+        self._stop = threading.Event()
+
+        def poll() -> None:
+            while not self._stop.wait(self.period):
+                self._samples.append(pynvml.nvmlDeviceGetUtilizationRates(handle).gpu / 100)
+
+        self._thread = threading.Thread(target=poll, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._thread is not None:
+            self._stop.set()
+            self._thread.join()
+            if self._samples:
+                self.fraction = round(statistics.fmean(self._samples), 3)
 
 
 def machine() -> dict[str, Any]:

@@ -35,7 +35,7 @@ from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from benchmarks.common import ROOT, kept_rows, save
+from benchmarks.common import ROOT, device_label, kept_rows, save
 
 MODELS = ("smollm2-135m-instruct", "gemma3-270m")
 PROMPT = "My favorite physicist is"
@@ -160,7 +160,7 @@ def main() -> None:
     parser.add_argument("--skip-genlm", action="store_true")
     args = parser.parse_args()
     base = {k: v for k, v in os.environ.items() if k not in ("JAX_COMPILATION_CACHE_DIR", "SMC_JAX_NO_CACHE")}
-    rows = []
+    rows, device = [], device_label()
     load = os.getloadavg()
     if not args.skip_genlm:  # GenLM ends at smc_jax's EOS tokens (the same strings end)
         from smc_jax import load_model
@@ -190,10 +190,11 @@ def main() -> None:
                 rows.append({"tool": "GenLM", "case": "fresh process", "bytes": length, "seconds": got["first_output_s"],
                              "models_loaded_s": got.get("models_loaded_s"), "sample": clean(got["stdout"].strip().strip("'\""))})
                 print(rows[-1], flush=True)
-    old, _ = kept_rows("first_sample", lambda row: row["bytes"] in args.lengths
+    rows = [dict(row, device=device) for row in rows]
+    old, _ = kept_rows("first_sample", lambda row: row["bytes"] in args.lengths and row.get("device", "cpu") == device
                        and (row["tool"] != "GenLM" or not args.skip_genlm))
-    rows += old
-    columns = ["tool", "case", "bytes", "seconds", "compilations", "cache_hits", "cache_misses", "models_loaded_s", "sample",
+    rows += [dict(row, device=row.get("device", "cpu")) for row in old]
+    columns = ["device", "tool", "case", "bytes", "seconds", "compilations", "cache_hits", "cache_misses", "models_loaded_s", "sample",
                "measured"]
     notes = ("Wall seconds from process start to the first printed sample (smc_jax: the first table row of "
              "`smc-jax sample`, its progress bar on; sweep: seconds of each setting's call in one process, "

@@ -52,7 +52,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from scipy import stats  # noqa: E402
 
-from benchmarks.common import kept_rows, save  # noqa: E402
+from benchmarks.common import DeviceBusy, device_label, kept_rows, save  # noqa: E402
 
 SETTINGS = dict(level="token", num_particles=8, max_length=48, ess_threshold=0.9, at_max_length="eos", temperature=1.0)
 
@@ -101,7 +101,7 @@ def byte_rows(skip_genlm: bool, size: int) -> tuple[list[dict], dict]:
     texts, n = {}, len(BYTE_PROMPTS)
     for label in ("first pass", "warm"):
         per_problem, start = [], time.perf_counter()
-        with count_compilations() as compiled:
+        with count_compilations() as compiled, DeviceBusy() as busy:
             for prompt in BYTE_PROMPTS:
                 sampler = EnsembleSampler([Expert(smol, prompt), Expert(gemma, prompt)], f=GENLM_PRODUCT, **BYTE_SETTINGS)
                 t = time.perf_counter()
@@ -110,19 +110,20 @@ def byte_rows(skip_genlm: bool, size: int) -> tuple[list[dict], dict]:
         wall = time.perf_counter() - start
         rate, half, _ = interval(per_problem, 1)
         rows.append(dict(workload="bytes", path="sequential", pass_=label, problems=n, seconds=round(wall, 1),
-                         problems_per_s=n / wall, warm_rate=rate, warm_rate_ci95=half, compilations=compiled.count))
+                         problems_per_s=n / wall, warm_rate=rate, warm_rate_ci95=half, compilations=compiled.count,
+                         device_busy=busy.fraction))
         print(rows[-1], flush=True)
     sampler = EnsembleSampler([Expert(smol, BYTE_PROMPTS[0]), Expert(gemma, BYTE_PROMPTS[0])], f=GENLM_PRODUCT,
                               **BYTE_SETTINGS)
     for label in ("first pass", "warm"):
         start = time.perf_counter()
-        with count_compilations() as compiled:
+        with count_compilations() as compiled, DeviceBusy() as busy:
             results = sampler.sample_problems([[p, p] for p in BYTE_PROMPTS], 0, batch_size=size)
         wall = time.perf_counter() - start
         for prompt, result in zip(BYTE_PROMPTS, results):
             texts[("batched", prompt)] = getattr(result, "texts", repr(result))
         rows.append(dict(workload="bytes", path=f"batched (B = {size})", pass_=label, problems=n, seconds=round(wall, 1),
-                         problems_per_s=n / wall, compilations=compiled.count))
+                         problems_per_s=n / wall, compilations=compiled.count, device_busy=busy.fraction))
         print(rows[-1], flush=True)
     facts = dict(byte_same_strings=sum(texts[("sequential", p)] == texts[("batched", p)] for p in BYTE_PROMPTS))
     warm = {row["path"].split(" ")[0]: row["problems_per_s"] for row in rows if row["pass_"] == "warm"}
@@ -177,6 +178,7 @@ def genlm_side(group: int) -> dict:
     smol, gemma = load_model("smollm2-135m-instruct"), load_model("gemma3-270m")
     genlm = GenLM(torch_threads=None)
     settings = Settings(runs=1, max_tokens=BYTE_SETTINGS["max_length"] + 1)
+    fractions = []
 
     async def all_problems(seed: int) -> float:
         genlm.reset(seed)
@@ -188,10 +190,12 @@ def genlm_side(group: int) -> dict:
             for p in each:
                 await p.logw_next([])  # the prompt's beam, read untimed
             start = time.perf_counter()
-            await asyncio.gather(*[direct_token_sampler(Product(*pair)).smc(
-                n_particles=BYTE_SETTINGS["num_particles"], ess_threshold=0.9, max_tokens=settings.max_tokens,
-                resampling_method="multinomial") for pair in potentials])
+            with DeviceBusy() as busy:
+                await asyncio.gather(*[direct_token_sampler(Product(*pair)).smc(
+                    n_particles=BYTE_SETTINGS["num_particles"], ess_threshold=0.9, max_tokens=settings.max_tokens,
+                    resampling_method="multinomial") for pair in potentials])
             wall += time.perf_counter() - start
+            fractions.append(busy.fraction)
             for p in each:
                 await p.cleanup()
             del potentials, each
@@ -203,7 +207,7 @@ def genlm_side(group: int) -> dict:
     n = len(BYTE_PROMPTS)
     return dict(workload="bytes", path=f"GenLM, asyncio.gather of {group}", pass_="first", problems=n, seconds=round(wall, 1),
                 problems_per_s=n / wall, peak_rss_gb=round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 1),
-                **genlm.threads())
+                device_busy=None if None in fractions else round(statistics.fmean(fractions), 3), **genlm.threads())
 
 
 def interval(seconds: list[float], problems_each: int) -> tuple[float, float, float]:
@@ -228,7 +232,7 @@ def json_rows(instances: int, seeds: list[int], size: int) -> tuple[list[dict], 
 
     for label in ("first pass", "warm"):
         per_problem, start = [], time.perf_counter()
-        with count_compilations() as compiled:
+        with count_compilations() as compiled, DeviceBusy() as busy:
             for i, (_, prompt, constraint) in enumerate(problems):
                 sampler = EnsembleSampler([Expert(smol, prompt)], constraint=constraint, **SETTINGS)
                 for seed in seeds:
@@ -239,7 +243,7 @@ def json_rows(instances: int, seeds: list[int], size: int) -> tuple[list[dict], 
         rate, half, rel[("sequential", label)] = interval(per_problem, 1)
         rows.append(dict(workload="json", path="sequential", pass_=label, problems=len(jobs), seconds=round(wall, 1),
                          problems_per_s=len(jobs) / wall, warm_rate=rate, warm_rate_ci95=half,
-                         compilations=compiled.count))
+                         compilations=compiled.count, device_busy=busy.fraction))
         print(rows[-1], flush=True)
 
     sampler = EnsembleSampler([Expert(smol, problems[0][1])], constraint=problems[0][2], **SETTINGS)
@@ -248,7 +252,7 @@ def json_rows(instances: int, seeds: list[int], size: int) -> tuple[list[dict], 
     job_seeds = [seed for _, seed in jobs]
     for label in ("first pass", "warm"):
         per_batch, start = [], time.perf_counter()
-        with count_compilations() as compiled:
+        with count_compilations() as compiled, DeviceBusy() as busy:
             for at in range(0, len(jobs), size):
                 t = time.perf_counter()
                 results = sampler.sample_problems(prompts[at: at + size], job_seeds[at: at + size],
@@ -260,7 +264,7 @@ def json_rows(instances: int, seeds: list[int], size: int) -> tuple[list[dict], 
         rate, half, rel[("batched", label)] = interval(per_batch, size)
         rows.append(dict(workload="json", path=f"batched (B = {size})", pass_=label, problems=len(jobs),
                          seconds=round(wall, 1), problems_per_s=len(jobs) / wall, warm_rate=rate, warm_rate_ci95=half,
-                         compilations=compiled.count))
+                         compilations=compiled.count, device_busy=busy.fraction))
         print(rows[-1], flush=True)
 
     seq, bat = rows[1], rows[3]
@@ -275,14 +279,20 @@ def json_rows(instances: int, seeds: list[int], size: int) -> tuple[list[dict], 
     return rows, facts
 
 
-def keep_other_workloads(rows: list[dict], facts: dict, measured: list[str]) -> str | None:
-    """Adds the saved rows and facts of the workloads not measured now (each row keeps the date
-    and commit it was measured at); returns what was kept, for the notes."""
-    old, meta = kept_rows("throughput", lambda row: row.get("workload") in measured)
-    rows += old
-    prefixes = tuple(f"{prefix}_" for workload, prefix in (("json", "json"), ("bytes", "byte")) if workload not in measured)
-    facts |= {k: v for k, v in meta.items() if k.startswith(prefixes)}
-    return f"{len(old)} rows kept from the run of {meta['date']}" if old else None
+def keep_other_workloads(rows: list[dict], facts: dict, measured: list[str], device: str) -> str | None:
+    """Adds the saved rows and facts of the workloads not measured now on this device (each row
+    keeps the date and commit it was measured at); returns what was kept, for the notes."""
+    old, meta = kept_rows("throughput", lambda row: row.get("workload") in measured
+                          and row.get("device", "cpu") == device)
+    rows += [dict(row, device=row.get("device", "cpu")) for row in old]
+    facts |= {k: v for k, v in meta.items() if k not in facts and ("json_" in k or "byte_" in k)}
+    return f"{len(old)} rows kept from earlier runs" if old else None
+
+
+def fact_prefix(device: str) -> str:
+    """The prefix of a device's facts in the saved meta: none on the CPU, "nvidia_h200_" on an
+    NVIDIA H200 (so a GPU run keeps the CPU's facts and the other way round)."""
+    return "" if device == "cpu" else device.lower().replace(" ", "_") + "_"
 
 
 def main() -> None:
@@ -303,29 +313,30 @@ def main() -> None:
         print(json.dumps(genlm_side(args.genlm_side)))
         return
 
-    rows, facts, done = [], {}, []
+    rows, facts, done, device = [], {}, [], device_label()
     for workload in args.workloads:  # saved after each workload: a later failure keeps it
         if workload == "json":
             more, known = json_rows(args.instances, list(range(args.seeds)), args.batch_size)
         else:
             more, known = byte_rows(args.skip_genlm, args.byte_batch_size)
             known |= dict(byte_settings=BYTE_SETTINGS)
-        rows += more
-        facts |= known
+        rows += [dict(row, device=device) for row in more]
+        facts |= {fact_prefix(device) + k: v for k, v in known.items()}
         done.append(workload)
-        write(list(rows), dict(facts), done)
+        write(list(rows), dict(facts), done, device)
 
 
-def write(rows: list[dict], facts: dict, measured: list[str]) -> None:
+def write(rows: list[dict], facts: dict, measured: list[str], device: str) -> None:
     """Saves the rows of the measured workloads with the kept rows of the others."""
-    kept = keep_other_workloads(rows, facts, measured)
+    kept = keep_other_workloads(rows, facts, measured, device)
     notes = __doc__.split("\n\n", 1)[1].rsplit("\n\nWrites", 1)[0]
     notes += "\n\n" + "\n".join(f"- {k}: {round(v, 3) if isinstance(v, float) else v}" for k, v in facts.items()
                                  if k.endswith(("speedup_warm", "speedup_warm_ci95", "speedup_first_pass", "same_strings")))
     if kept:
         notes += f"\n- {kept} (column `measured`)"
-    print(save("throughput", rows, ["workload", "path", "pass_", "problems", "seconds", "problems_per_s", "warm_rate",
-                                    "warm_rate_ci95", "compilations", "peak_rss_gb", "measured"], facts, notes=notes))
+    print(save("throughput", rows, ["device", "workload", "path", "pass_", "problems", "seconds", "problems_per_s",
+                                    "warm_rate", "warm_rate_ci95", "compilations", "device_busy", "peak_rss_gb", "measured"],
+               facts, notes=notes))
 
 
 if __name__ == "__main__":
