@@ -35,7 +35,7 @@ from smc_jax.utils.problems import PROBLEMS
 
 PyTree = Any
 
-__all__ = ["check_problem_mesh", "gather_problems", "problem_mesh", "problem_results", "run_problems", "sample_problems", "stack_problems"]
+__all__ = ["HOST_LEAF_BYTES", "check_problem_mesh", "gather_problems", "problem_mesh", "problem_results", "run_problems", "sample_problems", "stack_problems"]
 
 
 def stack_problems(groups: Sequence[ExpertGroup | Sequence[ExpertGroup]]) -> tuple[ExpertGroup, tuple[bool, ...]]:
@@ -239,19 +239,36 @@ def _place(leaf: Any, mesh: Mesh, split: bool) -> jax.Array:
     return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
 
 
-def gather_problems(state: SMCState) -> SMCState:
+#: Bytes per problem above which a leaf of a run's state is not brought to the host: the
+#: context stores' pools and tables (gigabytes for a batch of byte-level problems on a GPU),
+#: which results never read (they read particles, weights, the trace, flags and counters).
+HOST_LEAF_BYTES = 1 << 22
+
+
+def gather_problems(state: SMCState, max_leaf_bytes: int | None = None) -> SMCState:
     """A run's state as host arrays in every process (an all-gather when it spans processes;
-    PRNG keys become their key data).
+    PRNG keys become their key data), except the leaves of more than `max_leaf_bytes` per
+    problem, which become `jax.ShapeDtypeStruct`s (their shape and dtype, no copy).
 
     Parameters
     ----------
     state : SMCState
         `run_problems`'s state.
+    max_leaf_bytes : int, optional
+        The largest leaf, in bytes per problem, that is copied (default `HOST_LEAF_BYTES`).
     """
+    limit = HOST_LEAF_BYTES if max_leaf_bytes is None else max_leaf_bytes
     state = state._replace(key=jax.random.key_data(state.key))
-    if all(leaf.is_fully_addressable for leaf in jax.tree.leaves(state)):
-        return jax.device_get(state)
-    return multihost_utils.process_allgather(state, tiled=True)
+    leaves, treedef = jax.tree.flatten(state)
+    small = [leaf.nbytes <= limit * max(leaf.shape[0], 1) for leaf in leaves]
+    kept = [leaf for leaf, ok in zip(leaves, small) if ok]
+    if all(leaf.is_fully_addressable for leaf in kept):
+        kept = jax.device_get(kept)
+    else:
+        kept = multihost_utils.process_allgather(kept, tiled=True)
+    kept = iter(kept)
+    return jax.tree.unflatten(treedef, [next(kept) if ok else jax.ShapeDtypeStruct(leaf.shape, leaf.dtype)
+                                        for leaf, ok in zip(leaves, small)])
 
 
 def problem_results(
@@ -282,7 +299,8 @@ def problem_results(
     host = gather_problems(state)
     results: list[SMCResult | RuntimeError] = []
     for b, group in enumerate(groups):
-        one = jax.tree.map(lambda x: x[b], host)
+        one = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape[1:], x.dtype) if isinstance(x, jax.ShapeDtypeStruct)
+                           else x[b], host)
         try:
             results.append(smc.result(one, stack_experts(group), decode=decode, allow_zero_weight=allow_zero_weight))
         except RuntimeError as error:  # ZeroWeightError, a store's overflow, an expert's failure

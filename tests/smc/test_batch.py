@@ -15,6 +15,7 @@ from smc_jax.experts.base import ExpertStack
 from smc_jax.experts.token import TokenExperts
 from smc_jax.experts.toy import NGramExpert, NGramTokenLM
 from smc_jax.smc import SMC, ZeroWeightError
+from smc_jax.smc import batch
 from smc_jax.smc.batch import check_problem_mesh, problem_mesh, sample_problems, stack_problems
 from smc_jax.smc.ensemble import make_ensemble
 from smc_jax.utils.compilation import count_compilations
@@ -66,6 +67,28 @@ def test_each_problem_gets_its_unbatched_run():
     # The dying problem's own state is there too, when asked for.
     kept = sample_problems(SMC8, keys, groups, ensemble, allow_zero_weight=True)
     assert_same(kept[DYING], alone[DYING])
+
+
+def test_results_leave_the_expert_stores_on_the_device(monkeypatch):
+    # With the copy limit just above every leaf outside the experts' state, the stores' large
+    # leaves are not copied, and every problem's result (or error) is the same.
+    groups = [problem(*spec) for spec in SPECS]
+    ensemble = make_ensemble("product", 3)
+    keys = jax.random.split(jax.random.key(2), len(groups))
+    experts, shared = stack_problems(groups)
+    state = batch.run_problems(SMC8, keys, experts, shared, ensemble)
+    per_problem = lambda leaf: leaf.nbytes // leaf.shape[0]
+    others = state._replace(expert_state=None, key=jax.random.key_data(state.key))
+    limit = max(per_problem(leaf) for leaf in jax.tree.leaves(others))
+    host = batch.gather_problems(state, limit)
+    left = [leaf for leaf in jax.tree.leaves(host.expert_state) if isinstance(leaf, jax.ShapeDtypeStruct)]
+    assert len(left) >= 2, "the test needs store leaves larger than the particles' to leave behind"
+    want = batch.problem_results(SMC8, state, groups, allow_zero_weight=True)
+    monkeypatch.setattr(batch, "HOST_LEAF_BYTES", limit)
+    got = batch.problem_results(SMC8, state, groups, allow_zero_weight=True)
+    for g, w in zip(got, want):
+        assert_same(g, w)
+        assert g.stats == w.stats
 
 
 def test_a_threshold_or_resampler_sweep_reuses_the_batched_program():
