@@ -14,8 +14,9 @@ from process start to the first printed sample, with the XLA compilations the pr
   bytes) and runs `direct_token_sampler(Product(p1, p2)).smc(10 particles, ESS 0.9,
   max_tokens L + 1)` at its defaults.
 
-Writes benchmarks/results/first_sample.{json,md}; rows of lengths (or of GenLM) not measured in a
-run are kept from the saved file, with the date and commit they were measured at.
+Writes benchmarks/results/first_sample.{json,md}; rows of lengths (or of GenLM, or of another
+device: `device` is "cpu" or the GPU's kind) not measured in a run are kept from the saved file,
+with the date and commit they were measured at.
 Run: python -m benchmarks.first_sample [--lengths 40 64] [--sweep-length 40] [--skip-genlm]
 """
 

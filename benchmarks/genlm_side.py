@@ -66,6 +66,45 @@ def plain_byte_level(tokenizer: Any) -> Any:
     return plain
 
 
+def filled_pieces(tokenizer: Any, model: LanguageModel) -> Any:
+    """The tokenizer for GenLM's SentencePiece reader, which asks `convert_ids_to_tokens` for
+    every id: where that returns None (an id the tokenizer's vocabulary lacks; seen with Gemma 3's
+    GGUF tokenizer under transformers 5.17 on the GPU machine, where genlm-backend failed on it),
+    a shallow copy answers with the piece of smc_jax's byte string for the id (spaces as "▁",
+    bytes that are not UTF-8 as "<0xXX>"), or, for an id without one (smc_jax never samples it),
+    a marker "<no piece N>", as GenLM reads special tokens by their names. Any other tokenizer is
+    returned as it is."""
+    import copy
+
+    from smc_jax.bytes.vocab import TokenizerScheme, detect_scheme
+    from smc_jax.experts.byte import token_bytes
+
+    if detect_scheme(tokenizer) is TokenizerScheme.BYTE_LEVEL:
+        return tokenizer
+    holes = [i for i in range(len(tokenizer)) if tokenizer.convert_ids_to_tokens(i) is None]
+    if not holes:
+        return tokenizer
+    strings = token_bytes(model)
+
+    def piece(data: bytes) -> str:
+        try:
+            return data.decode("utf-8").replace(" ", "\u2581")
+        except UnicodeDecodeError:
+            return "".join(f"<0x{byte:02X}>" for byte in data)
+
+    fill = {i: f"<no piece {i}>" if strings[i] is None else piece(strings[i]) for i in holes}
+    original = tokenizer.convert_ids_to_tokens
+
+    def convert(ids: Any, skip_special_tokens: bool = False) -> Any:
+        if isinstance(ids, int):
+            return fill[ids] if ids in fill else original(ids, skip_special_tokens=skip_special_tokens)
+        return [convert(i, skip_special_tokens) for i in ids]
+
+    filled = copy.copy(tokenizer)
+    filled.convert_ids_to_tokens = convert
+    return filled
+
+
 class GenLM:
     """GenLM's models (AsyncTransformer over transformers' float32 load of the same GGUF file,
     cast to bfloat16 with `bf16`, with smc_jax's tokenizer of that file), loaded on first use, and
@@ -95,7 +134,7 @@ class GenLM:
             path = resolve(model.name)[1]
             hf = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=self.torch.float32)
             hf = hf.to(self.device, self.dtype).eval()
-            self.llms[model.name] = AsyncTransformer(hf, plain_byte_level(model.tokenizer.hf))
+            self.llms[model.name] = AsyncTransformer(hf, filled_pieces(plain_byte_level(model.tokenizer.hf), model))
             self.logs[model.name] = ForwardLog(self.llms[model.name])
         return self.llms[model.name]
 

@@ -35,7 +35,9 @@ Tried and not kept: one model call reading the written rows of all problems of a
 all prompts) together, M at a time: fewer rows (770 against 1,000 for two SmolLM2 problems) but
 more forwards (77 of 10 rows against 50 of 20), 8.0 s against 7.0 s warm.
 
-Writes benchmarks/results/throughput.{json,md}.
+Writes benchmarks/results/throughput.{json,md}, keeping the saved rows of other workloads and of
+other devices (`device`: "cpu" or the GPU's kind; a GPU's facts carry its name). `device_busy`:
+on an NVIDIA GPU, the share of a pass it spent running kernels (NVML, `common.DeviceBusy`).
 Run: python -m benchmarks.throughput [--workloads json bytes] [--instances 20] [--seeds 3]
 [--batch-size 20] [--skip-genlm]
 """

@@ -27,3 +27,12 @@ def shared_max(x: Array) -> Array:
         return jax.lax.pmax(x, PROBLEMS)
     except NameError:  # no problem axis: a single problem
         return x
+
+
+def in_problems() -> bool:
+    """Whether a problem axis is bound: the code is traced inside a batched run's vmap."""
+    try:
+        jax.lax.psum(1, PROBLEMS)
+    except NameError:
+        return False
+    return True

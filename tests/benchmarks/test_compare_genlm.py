@@ -123,3 +123,40 @@ def test_genlm_gets_a_plain_byte_level_decoder():
     space = tok.convert_tokens_to_ids("\u0120")
     assert decode_vocab(tok)[0][space].byte_string == "\u0120".encode()
     assert decode_vocab(plain)[0][space].byte_string == b" "
+
+
+def test_genlm_gets_a_piece_for_every_id(monkeypatch):
+    """Where a SentencePiece tokenizer answers None for an id, GenLM's copy answers the piece of
+    smc_jax's byte string for it (GenLM's reading gives back those bytes), or a marker where
+    smc_jax has none; a tokenizer without such ids, or a byte-level one, passes unchanged."""
+    import re
+
+    from benchmarks import genlm_side
+    from smc_jax.bytes import vocab
+    from smc_jax.experts import byte
+
+    class Toy:
+        def __init__(self, pieces):
+            self.pieces = pieces
+
+        def __len__(self):
+            return len(self.pieces)
+
+        def convert_ids_to_tokens(self, i, skip_special_tokens=False):
+            return self.pieces[i]
+
+    strings = [b"a", b" b", b"x y", b"\xc3", None, b"c"]
+    monkeypatch.setattr(byte, "token_bytes", lambda model: strings)
+    monkeypatch.setattr(vocab, "detect_scheme", lambda tok: vocab.TokenizerScheme.SENTENCEPIECE)
+    whole = Toy(["a", "\u2581b", "x\u2581y", "<0xC3>", "<pad>", "c"])
+    assert genlm_side.filled_pieces(whole, None) is whole
+    holes = Toy(["a", "\u2581b", None, None, None, "c"])
+    filled = genlm_side.filled_pieces(holes, None)
+    # GenLM's SentencePiece reading: <0xNN> escapes to their byte, then U+2581 to a space
+    read = lambda piece: re.sub(rb"<0x(..)>", lambda m: bytes.fromhex(m[1].decode()), piece.encode()).replace(
+        "\u2581".encode(), b" ")
+    assert [read(filled.convert_ids_to_tokens(i)) for i in range(4)] == strings[:4]
+    assert filled.convert_ids_to_tokens(4) == "<no piece 4>" and filled.convert_ids_to_tokens([5, 0]) == ["c", "a"]
+    assert holes.convert_ids_to_tokens(2) is None  # the original is left as it was
+    monkeypatch.setattr(vocab, "detect_scheme", lambda tok: vocab.TokenizerScheme.BYTE_LEVEL)
+    assert genlm_side.filled_pieces(holes, None) is holes
