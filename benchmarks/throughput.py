@@ -130,11 +130,17 @@ def byte_rows(skip_genlm: bool, size: int) -> tuple[list[dict], dict]:
     facts = dict(byte_same_strings=sum(texts[("sequential", p)] == texts[("batched", p)] for p in BYTE_PROMPTS))
     warm = {row["path"].split(" ")[0]: row["problems_per_s"] for row in rows if row["pass_"] == "warm"}
     facts["byte_speedup_warm"] = warm["batched"] / warm["sequential"]
-    for row in rows:  # the better smc_jax path, warm, against each GenLM run that finished
-        if row["path"].startswith("GenLM") and "problems_per_s" in row:
-            group = row["path"].rsplit(" ", 1)[1]
-            facts[f"byte_vs_genlm_gather_of_{group}_speedup_warm"] = max(warm.values()) / row["problems_per_s"]
     return rows, facts
+
+
+def genlm_ratios(rows: list[dict], device: str) -> dict:
+    """On `device`, the better smc_jax byte path's warm rate over each GenLM row's that finished
+    (GenLM's rows may be kept from an earlier run: `--skip-genlm`)."""
+    mine = [row for row in rows if row.get("device", "cpu") == device and row["workload"] == "bytes"]
+    warm = [row["problems_per_s"] for row in mine if row["pass_"] == "warm"]
+    return {f"{fact_prefix(device)}byte_vs_genlm_gather_of_{row['path'].rsplit(' ', 1)[1]}_speedup_warm":
+            max(warm) / row["problems_per_s"] for row in mine
+            if warm and row["path"].startswith("GenLM") and isinstance(row.get("problems_per_s"), float)}
 
 
 def genlm_concurrent(group: int) -> dict:
@@ -281,13 +287,20 @@ def json_rows(instances: int, seeds: list[int], size: int) -> tuple[list[dict], 
     return rows, facts
 
 
-def keep_other_workloads(rows: list[dict], facts: dict, measured: list[str], device: str) -> str | None:
-    """Adds the saved rows and facts of the workloads not measured now on this device (each row
-    keeps the date and commit it was measured at); returns what was kept, for the notes."""
+def keep_other_workloads(rows: list[dict], facts: dict, measured: list[str], device: str,
+                         genlm_measured: bool = True) -> str | None:
+    """Adds the saved rows and facts of the workloads not measured now on this device (and
+    GenLM's rows when it was not run: `genlm_measured` False), each row with the date and commit
+    it was measured at; returns what was kept, for the notes."""
     old, meta = kept_rows("throughput", lambda row: row.get("workload") in measured
-                          and row.get("device", "cpu") == device)
+                          and row.get("device", "cpu") == device
+                          and (genlm_measured or not row["path"].startswith("GenLM")))
     rows += [dict(row, device=row.get("device", "cpu")) for row in old]
-    facts |= {k: v for k, v in meta.items() if k not in facts and ("json_" in k or "byte_" in k)}
+    remeasured = tuple(fact_prefix(device) + prefix for workload, prefix in (("json", "json_"), ("bytes", "byte_"))
+                       if workload in measured)
+    facts |= {k: v for k, v in meta.items() if k not in facts and ("json_" in k or "byte_" in k)
+              and not k.startswith(remeasured)}
+    facts |= genlm_ratios(rows, device)
     return f"{len(old)} rows kept from earlier runs" if old else None
 
 
@@ -322,15 +335,16 @@ def main() -> None:
         else:
             more, known = byte_rows(args.skip_genlm, args.byte_batch_size)
             known |= dict(byte_settings=BYTE_SETTINGS)
-        rows += [dict(row, device=device) for row in more]
+        # a None (no GPU to read, say) is left out rather than shown
+        rows += [dict({k: v for k, v in row.items() if v is not None}, device=device) for row in more]
         facts |= {fact_prefix(device) + k: v for k, v in known.items()}
         done.append(workload)
-        write(list(rows), dict(facts), done, device)
+        write(list(rows), dict(facts), done, device, not args.skip_genlm)
 
 
-def write(rows: list[dict], facts: dict, measured: list[str], device: str) -> None:
+def write(rows: list[dict], facts: dict, measured: list[str], device: str, genlm_measured: bool = True) -> None:
     """Saves the rows of the measured workloads with the kept rows of the others."""
-    kept = keep_other_workloads(rows, facts, measured, device)
+    kept = keep_other_workloads(rows, facts, measured, device, genlm_measured)
     notes = __doc__.split("\n\n", 1)[1].rsplit("\n\nWrites", 1)[0]
     notes += "\n\n" + "\n".join(f"- {k}: {round(v, 3) if isinstance(v, float) else v}" for k, v in facts.items()
                                  if k.endswith(("speedup_warm", "speedup_warm_ci95", "speedup_first_pass", "same_strings")))
