@@ -14,13 +14,18 @@ token program (SmolLM2 under two prompts, M = 8, 40 tokens), with the persistent
   around it; a forward's equations go to the call site that asked for it;
 * the byte program once more with healing off (`heal=False`), whose compile seconds show what
   healing costs;
+* with `--against REV`, the default demo's first call in a fresh process with an empty cache,
+  on this checkout's code and on the code of commit REV (extracted with `git archive`; models
+  converted in a scratch cache for it): JAX's own duration events, so both sides are measured
+  alike -- seconds of tracing, lowering and XLA compiling, in all and for the largest program,
+  and the first and second calls' wall time;
 * compile seconds by part (`--backend`): each program compiled again in a child process with
   XLA:CPU's timing logs on, which give the HLO passes' seconds, the backend's (kernel emission
   and LLVM), and each kernel's LLVM seconds; a kernel goes to the part of the operation it was
   fused from (its `op_name` in the compiled HLO, the same named scopes).
 
 Writes benchmarks/results/compile_profile.{json,md}.
-Run: python -m benchmarks.compile_profile [--only byte token no-heal] [--backend]
+Run: python -m benchmarks.compile_profile [--only byte token no-heal] [--backend] [--against REV]
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 import time
 from typing import Any
 
@@ -42,7 +48,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import jax
 import numpy as np
 
-from benchmarks.common import markdown_table, save
+from benchmarks.common import ROOT, markdown_table, save
 from smc_jax import load_model
 from smc_jax.sampler import EnsembleSampler
 from smc_jax.smc import engine
@@ -242,11 +248,69 @@ def run_backend_child(key: str) -> dict[str, Any]:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+#: A child: the default demo's sampler (byte product of SmolLM2 and Gemma 3, M = 10, 64 bytes)
+#: built and called twice (the first call's seconds count the building), with JAX's duration
+#: events summed from there; its last line is JSON. It uses only the public API, which every
+#: version since the byte demo has had.
+_FIRST_CALL = """
+import json, sys, time
+import jax
+events = {}
+jax.monitoring.register_event_duration_secs_listener(
+    lambda event, seconds, **_: events.setdefault(event.rsplit("/", 1)[-1], []).append(seconds))
+from smc_jax import EnsembleSampler, Expert, load_model
+smol, gemma = load_model("smollm2-135m-instruct"), load_model("gemma3-270m")
+prompt = "My favorite physicist is"
+events.clear()  # what the sampler and its first call cost, not model loading
+calls, start = [], time.perf_counter()
+sampler = EnsembleSampler([Expert(smol, prompt), Expert(gemma, prompt)], f="product", level="byte", num_particles=10,
+                          max_length=64)
+for seed in (0, 1):
+    sampler(seed)
+    calls.append(time.perf_counter() - start)
+    start = time.perf_counter()
+pick = lambda name: events.get(name, [0.0])
+print(json.dumps(dict(first_call_s=calls[0], second_call_s=calls[1], compilations=len(events.get("backend_compile_duration", [])),
+                      trace_s=sum(pick("jaxpr_trace_duration")), lower_s=sum(pick("jaxpr_to_mlir_module_duration")),
+                      compile_s=sum(pick("backend_compile_duration")), largest_compile_s=max(pick("backend_compile_duration")))))
+"""
+
+
+def first_call(code: str | None = None) -> dict[str, Any]:
+    """`_FIRST_CALL` in a fresh process with an empty compilation cache, on this checkout's code
+    or on the code in directory `code` (with a scratch model cache: an older version may keep
+    converted checkpoints in another layout under the same names)."""
+    with tempfile.TemporaryDirectory() as scratch:
+        env = dict(os.environ, JAX_COMPILATION_CACHE_DIR=os.path.join(scratch, "xla"))
+        if code is not None:
+            env.update(PYTHONPATH=code, SMC_JAX_CACHE_DIR=os.path.join(scratch, "models"))
+        done = subprocess.run([sys.executable, "-c", _FIRST_CALL], cwd=code or ROOT, env=env, capture_output=True,
+                              text=True, check=False)
+    if done.returncode:
+        raise RuntimeError(f"the first-call child failed on {code or 'this checkout'}:\n{done.stderr[-3000:]}")
+    return json.loads([line for line in done.stdout.splitlines() if line.startswith("{")][-1])
+
+
+def first_call_against(rev: str) -> list[dict[str, Any]]:
+    """`first_call` on the code of commit `rev` and on this checkout's: two rows."""
+    sha = subprocess.run(["git", "rev-parse", rev], cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
+    rows = []
+    with tempfile.TemporaryDirectory() as code:
+        archive = subprocess.run(["git", "archive", sha], cwd=ROOT, capture_output=True, check=True).stdout
+        subprocess.run(["tar", "-x", "-C", code], input=archive, check=True)
+        rows.append({"code": f"commit {sha[:7]}", **first_call(code)})
+        print(rows[-1], flush=True)
+    rows.append({"code": "this checkout", **first_call()})
+    print(rows[-1], flush=True)
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.compile_profile", description=__doc__.split("\n\n")[0])
     parser.add_argument("--only", nargs="*", choices=["byte", "no-heal", "token"], help="programs to profile")
     parser.add_argument("--backend", action="store_true", help="also compile seconds by part (a child per program)")
     parser.add_argument("--backend-child", help=argparse.SUPPRESS)
+    parser.add_argument("--against", metavar="REV", help="also the demo's first call on the code of commit REV, beside this one's")
     args = parser.parse_args()
     jax.config.update("jax_enable_compilation_cache", False)  # every program compiles here
     smol, gemma = load_model("smollm2-135m-instruct"), load_model("gemma3-270m")
@@ -301,9 +365,20 @@ def main() -> None:
                             + markdown_table(totals, ["figure", *names]))
     else:
         appendix_backend = ""
+    versus = first_call_against(args.against) if args.against else []
+    appendix_versus = ""
+    if versus:
+        old, new = versus
+        appendix_versus = (
+            "\n\n## the default demo's first call, this code against an earlier commit (fresh processes, empty caches)\n\n"
+            + markdown_table(versus, ["code", "first_call_s", "second_call_s", "compilations", "trace_s", "lower_s",
+                                      "compile_s", "largest_compile_s"])
+            + f"\n\nXLA compiling {old['compile_s'] / new['compile_s']:.2f}x less in all, "
+            f"{old['largest_compile_s'] / new['largest_compile_s']:.2f}x for the largest program; the first call "
+            f"{old['first_call_s'] / new['first_call_s']:.2f}x sooner.")
     appendix = ("## jaxpr equations by part\n\n" + markdown_table(part_rows, ["part", *wanted])
                 + "\n\n## model forwards by call site (each model counted)\n\n"
-                + markdown_table(site_rows, ["call site", *wanted]) + appendix_backend)
+                + markdown_table(site_rows, ["call site", *wanted]) + appendix_backend + appendix_versus)
     notes = ("Persistent compilation cache off. build_s: prompt prefill (its own program) and the experts' "
              "start (byte beams: no model call, their first distributions are the step loop's first call); "
              "trace/lower/compile/run: the step loop (`advance`), run = one whole run of it; cold_s: build plus "
@@ -313,7 +388,7 @@ def main() -> None:
              "16 s against 24 s but ran 1.6x slower, with other floats; level 1, xla_llvm_disable_expensive_passes "
              "and xla_cpu_parallel_codegen_split_count=4 did not shorten compiling.")
     print(save("compile_profile", rows, columns, {"prompt": PROMPT}, notes, appendix=appendix,
-               extra={"parts": parts, "forwards_by_call_site": sites, "backend": backend}))
+               extra={"parts": parts, "forwards_by_call_site": sites, "backend": backend, "first_call_against": versus}))
     print(appendix)
 
 
