@@ -248,7 +248,7 @@ HOST_LEAF_BYTES = 1 << 22
 def gather_problems(state: SMCState, max_leaf_bytes: int | None = None) -> SMCState:
     """A run's state as host arrays in every process (an all-gather when it spans processes;
     PRNG keys become their key data), except the leaves of more than `max_leaf_bytes` per
-    problem, which become `jax.ShapeDtypeStruct`s (their shape and dtype, no copy).
+    problem, each replaced by a `jax.ShapeDtypeStruct` (its shape and dtype, no copy).
 
     Parameters
     ----------
