@@ -143,16 +143,21 @@ def markdown_table(rows: Sequence[dict[str, Any]], columns: Sequence[str]) -> st
     return "\n".join(lines)
 
 
-def kept_rows(name: str, remeasured: Callable[[dict[str, Any]], bool]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+def kept_rows(name: str, remeasured: Callable[[dict[str, Any]], bool],
+              device: str | None = None) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """The rows of results/<name>.json that this run does not measure again (`remeasured(row)`
     False), each with `measured` (the date and commit of the run that measured it), and that
     run's meta; ([], {}) without a saved file. A script that reruns part of its cases keeps the
-    rest this way."""
+    rest this way. With `device` (`device_label()`), rows are per device: another device's rows
+    are always kept, and a row without one is the CPU's (it gets `device` "cpu")."""
     path = RESULTS / f"{name}.json"
     if not path.exists():
         return [], {}
     saved = json.loads(path.read_text())
-    old = [dict(row) for row in saved["rows"] if not remeasured(row)]
+    if device is not None:
+        saved["rows"] = [dict(row, device=row.get("device", "cpu")) for row in saved["rows"]]
+    again = lambda row: remeasured(row) and (device is None or row["device"] == device)
+    old = [dict(row) for row in saved["rows"] if not again(row)]
     for row in old:
         row.setdefault("measured", f"{saved['meta']['date']} at {saved['meta']['commit']}")
     return old, saved["meta"]

@@ -192,9 +192,9 @@ def main() -> None:
                              "models_loaded_s": got.get("models_loaded_s"), "sample": clean(got["stdout"].strip().strip("'\""))})
                 print(rows[-1], flush=True)
     rows = [dict(row, device=device) for row in rows]
-    old, _ = kept_rows("first_sample", lambda row: row["bytes"] in args.lengths and row.get("device", "cpu") == device
-                       and (row["tool"] != "GenLM" or not args.skip_genlm))
-    rows += [dict(row, device=row.get("device", "cpu")) for row in old]
+    old, _ = kept_rows("first_sample", lambda row: row["bytes"] in args.lengths
+                       and (row["tool"] != "GenLM" or not args.skip_genlm), device)
+    rows += old
     columns = ["device", "tool", "case", "bytes", "seconds", "compilations", "cache_hits", "cache_misses", "models_loaded_s", "sample",
                "measured"]
     notes = ("Wall seconds from process start to the first printed sample (smc_jax: the first table row of "

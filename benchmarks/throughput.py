@@ -293,9 +293,8 @@ def keep_other_workloads(rows: list[dict], facts: dict, measured: list[str], dev
     GenLM's rows when it was not run: `genlm_measured` False), each row with the date and commit
     it was measured at; returns what was kept, for the notes."""
     old, meta = kept_rows("throughput", lambda row: row.get("workload") in measured
-                          and row.get("device", "cpu") == device
-                          and (genlm_measured or not row["path"].startswith("GenLM")))
-    rows += [dict(row, device=row.get("device", "cpu")) for row in old]
+                          and (genlm_measured or not row["path"].startswith("GenLM")), device)
+    rows += old
     remeasured = tuple(fact_prefix(device) + prefix for workload, prefix in (("json", "json_"), ("bytes", "byte_"))
                        if workload in measured)
     facts |= {k: v for k, v in meta.items() if k not in facts and ("json_" in k or "byte_" in k)
