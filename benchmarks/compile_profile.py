@@ -291,9 +291,15 @@ def first_call(code: str | None = None) -> dict[str, Any]:
     return json.loads([line for line in done.stdout.splitlines() if line.startswith("{")][-1])
 
 
-def first_call_against(rev: str) -> list[dict[str, Any]]:
-    """`first_call` on the code of commit `rev` and on this checkout's: two rows."""
-    sha = subprocess.run(["git", "rev-parse", rev], cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
+def commit_of(rev: str) -> str | None:
+    """The full hash of `rev` in this checkout's repository, or None where it names no commit."""
+    done = subprocess.run(["git", "rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}"], cwd=ROOT,
+                          capture_output=True, text=True, check=False)
+    return done.stdout.strip() if done.returncode == 0 else None
+
+
+def first_call_against(sha: str) -> list[dict[str, Any]]:
+    """`first_call` on the code of commit `sha` and on this checkout's: two rows."""
     rows = []
     with tempfile.TemporaryDirectory() as code:
         archive = subprocess.run(["git", "archive", sha], cwd=ROOT, capture_output=True, check=True).stdout
@@ -312,6 +318,9 @@ def main() -> None:
     parser.add_argument("--backend-child", help=argparse.SUPPRESS)
     parser.add_argument("--against", metavar="REV", help="also the demo's first call on the code of commit REV, beside this one's")
     args = parser.parse_args()
+    against = commit_of(args.against) if args.against else None
+    if args.against and against is None:  # said before any model loads or program compiles
+        parser.error(f"--against {args.against!r} names no commit of this repository; give a commit hash, tag or branch")
     jax.config.update("jax_enable_compilation_cache", False)  # every program compiles here
     smol, gemma = load_model("smollm2-135m-instruct"), load_model("gemma3-270m")
     programs = {
@@ -365,7 +374,7 @@ def main() -> None:
                             + markdown_table(totals, ["figure", *names]))
     else:
         appendix_backend = ""
-    versus = first_call_against(args.against) if args.against else []
+    versus = first_call_against(against) if against else []
     appendix_versus = ""
     if versus:
         old, new = versus

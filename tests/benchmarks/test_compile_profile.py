@@ -53,3 +53,16 @@ def test_run_time_goes_to_parts_without_the_nested_kernels(tmp_path):
     got = runtime_parts(str(trace), HLO)
     want = {"resampling": 70e-6, "model forward": 90e-6, "copies and layout (no op_name)": 30e-6}
     assert got.keys() == want.keys() and all(abs(got[k] - want[k]) < 1e-12 for k in want)
+
+
+def test_against_names_a_commit_or_is_refused_before_any_work():
+    import subprocess
+    import sys
+
+    from benchmarks.common import ROOT
+    from benchmarks.compile_profile import commit_of
+
+    assert len(commit_of("HEAD")) == 40 and commit_of("no-such-revision") is None
+    done = subprocess.run([sys.executable, "-m", "benchmarks.compile_profile", "--against", "no-such-revision"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "names no commit of this repository" in done.stderr
