@@ -4,12 +4,12 @@ A sampler built per call would hold the continuation's exact length and the prom
 constants of its program, so every call would compile anew. A `ByteScorer` instead
 
 * treats prompts and continuations as data. Prompts are prefilled into caches of
-  PROMPT_BUCKET * PROMPT_GROWTH^k tokens (`prompt_size`), PREFILL_PIECE tokens at a time and
-  only as many pieces as the prompt needs, and a continuation is read
+  PROMPT_BUCKET * PROMPT_GROWTH^k tokens (`prompt_size`), computed over only the least multiple
+  of PREFILL_STEP tokens that holds the prompt, and a continuation is read
   CHUNK_BYTES at a time by one program (`_read`), the beams' state carried from run to run, so
   its length does not change the program (only the stores' token capacity does, in powers of
-  two from MIN_TOKEN_BUCKET). Compiled per model: a prefill, a start state and `_read` per
-  (batch size, prompt size, token capacity), and capacity scales only grow on an overflow;
+  two from MIN_TOKEN_BUCKET). Compiled per model: a prefill per (batch size, prompt size,
+  multiple of PREFILL_STEP), a start state and `_read` per (batch size, prompt size, token capacity), and capacity scales only grow on an overflow;
 * keeps `_read` small: a call site of the model reads its rows ROW_CHUNK at a time
   (`ByteExperts.row_chunk`), so the program holds one forward per call site, and a
   position's next-byte distributions come first in its step, so starting needs no model call;
@@ -74,8 +74,9 @@ MAX_SCORERS = 4
 DEFAULT_BATCH = 8
 #: Extra contexts per pair for healing (a healed path holds up to 1 + heal_max_backoff).
 HEAL_CONTEXTS = 4
-#: Prompt tokens read at a time by the prefill (as many pieces as the longest prompt needs).
-PREFILL_PIECE = 64
+#: The prefill computes a prompt's cache over a multiple of this many tokens (its bucket may be
+#: wider): the smallest bucket is one program, a larger one a program per multiple.
+PREFILL_STEP = PROMPT_BUCKET
 #: Guide rows per pair (`ByteScorer(guide=...)`): its tokenization's contexts and those one token off.
 GUIDE_ROWS = 256
 #: Rows per forward of the guiding call.
@@ -253,7 +254,7 @@ class ByteScorer:
         else:
             ids = [self._prompt_ids(p) for p in prompts]
         prefixes, logits = prefill_prompts(self.model, ids, max_tokens, token_ids=True, bucket=prompt_size,
-                                           piece=PREFILL_PIECE)
+                                           step=PREFILL_STEP)
         num_contexts = (1 + CONTEXTS_PER_BEAM_SLOT * self.beam.width + HEAL_CONTEXTS * self.beam.heal) * scale + self.guide
         num_entries = (2 * (max_tokens + 1) + num_contexts) * scale
         experts = ByteExperts(

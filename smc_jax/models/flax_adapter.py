@@ -303,7 +303,7 @@ class FlaxLM(LanguageModel):
         return PagedFlaxLM(params=self.params, apply_fn=self.apply_fn, vocab_size=self.config.vocab_size)
 
     def prefill_batch(
-        self, padded: Int[Array, "prompts tokens"], lengths: Int[Array, " prompts"], piece: int = 0
+        self, padded: Int[Array, "prompts tokens"], lengths: Int[Array, " prompts"], read: int = 0
     ) -> tuple[TokenPrefix, Float[Array, "prompts vocab"]]:
         """K right-padded prompts (stacked on axis 0) and their next-token logits.
 
@@ -313,8 +313,8 @@ class FlaxLM(LanguageModel):
             The prompts, right-padded to one bucket size.
         lengths : int array [K]
             Their real lengths.
-        piece : int
-            Ignored: the Flax model reads the padded prompts at once.
+        read : int
+            Ignored: the Flax model reads the padded prompts whole.
         """
         return _prefill_batch(self.apply_fn, self.config.vocab_size, self.params, padded, lengths)
 

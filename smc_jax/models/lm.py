@@ -40,8 +40,8 @@ extend = jax.jit(transformer.extend, static_argnames="config")
 decode = jax.jit(transformer.decode, static_argnames="config")
 # K prompts padded to one size at once (the expert groups' prompt caches, stacked on axis 0).
 prefill_many = jax.jit(jax.vmap(transformer.prefill, in_axes=(None, None, 0, 0)), static_argnames="config")
-prefill_many_pieces = jax.jit(jax.vmap(transformer.prefill_pieces, in_axes=(None, None, 0, 0, None)),
-                              static_argnames=("config", "piece"))
+prefill_many_read = jax.jit(jax.vmap(transformer.prefill_read, in_axes=(None, None, 0, 0, None)),
+                            static_argnames=("config", "read"))
 
 
 @partial(jax.jit, static_argnames="config", donate_argnames="cache")
@@ -134,7 +134,7 @@ class LanguageModel:
         return PagedTransformer(params=self.params, config=self.config)
 
     def prefill_batch(
-        self, padded: Int[Array, "prompts tokens"], lengths: Int[Array, " prompts"], piece: int = 0
+        self, padded: Int[Array, "prompts tokens"], lengths: Int[Array, " prompts"], read: int = 0
     ) -> tuple[PrefixCache, Float[Array, "prompts vocab"]]:
         """Prompt caches of K right-padded prompts (stacked on axis 0) and their next-token logits.
 
@@ -144,12 +144,12 @@ class LanguageModel:
             The prompts, right-padded to one bucket size.
         lengths : int array [K]
             Their real lengths.
-        piece : int
-            Read the prompts `piece` tokens at a time, as many pieces as the longest needs
-            (`transformer.prefill_pieces`: work in proportion to the length); 0: all P at once.
+        read : int
+            Compute only the first `read` columns (at least the longest length; static), the
+            caches still P slots wide (`transformer.prefill_read`); 0: all P.
         """
-        if piece:
-            return prefill_many_pieces(self.params, self.config, padded, lengths, piece)
+        if read:
+            return prefill_many_read(self.params, self.config, padded, lengths, read)
         return prefill_many(self.params, self.config, padded, lengths)
 
     def with_prompt_capacity(self, capacity: int) -> LanguageModel:
@@ -258,7 +258,7 @@ def prefill_prompts(
     max_new_tokens: int,
     token_ids: bool = False,
     bucket: Callable[[int], int] | None = None,
-    piece: int = 0,
+    step: int = 0,
 ):
     """Prompt caches of K prompts padded to one bucket size, stacked, and their next-token logits
     (prompts are text or chat messages, or token ids when `token_ids`).
@@ -276,8 +276,10 @@ def prefill_prompts(
     bucket : callable, optional
         Padded size of a prompt of n tokens (default: `prompt_bucket`, within the model's
         prompt capacity).
-    piece : int
-        Tokens read at a time (`LanguageModel.prefill_batch`; 0: the padded prompt at once).
+    step : int
+        Compute each prompt's cache over the least multiple of `step` tokens that holds the
+        longest prompt (within the bucket; the cache keeps the bucket's size): one program per
+        multiple. 0: over the whole bucket.
     """
     ids = [list(p) for p in prompts] if token_ids else [model.encode_prompt(p) for p in prompts]
     for i, seq in enumerate(ids):
@@ -296,4 +298,5 @@ def prefill_prompts(
         padded[i, : len(seq)] = seq
     lengths = np.asarray([len(seq) for seq in ids], np.int32)
     arrays = jax.device_put(padded), jax.device_put(lengths)  # transfers: no program per shape
-    return model.prefill_batch(*arrays, piece=piece)
+    read = min(size, -(-int(lengths.max()) // step) * step) if step else 0
+    return model.prefill_batch(*arrays, read=read)

@@ -498,37 +498,20 @@ def prefill(
     return cache, output_logits(params, config, last)
 
 
-def prefill_pieces(
-    params: Params, config: ModelConfig, tokens: Int[Array, " padded"], length: Int[Array, ""], piece: int
+def prefill_read(
+    params: Params, config: ModelConfig, tokens: Int[Array, " padded"], length: Int[Array, ""], read: int
 ) -> tuple[PrefixCache, Float[Array, " vocab"]]:
-    """`prefill` read `piece` tokens at a time, only as many pieces as `length` needs: the work
-    grows with the prompt's length, not its padded size. Piece i attends to the cache of pieces
-    before it and causally to itself, so the cache and logits are `prefill`'s up to float
-    rounding (other matmul shapes). The padded size must be a multiple of `piece` (static);
-    slots from the last piece on stay zero (masked by the length, as padding is)."""
+    """`prefill` of the first `read` tokens only (static; at least `length`), its cache widened
+    with zero slots to the padded size: the work grows with the prompt, not its bucket, in one
+    pass (the weights are read once, as a pass over the bucket does). The cache and logits are
+    `prefill`'s up to float rounding (other matmul shapes); slots from `read` on stay zero
+    (masked by the length, as padding is)."""
     padded = tokens.shape[0]
-    if padded % piece or config.rope_switches_to_long:  # LongRoPE picks its factors per call
+    if read >= padded or config.rope_switches_to_long:  # LongRoPE picks its factors per call
         return prefill(params, config, tokens, length)
-    dtype = activation_dtype(params)
-    shape = (config.num_layers, padded, config.num_kv_heads, config.head_dim)
-    slots = jnp.arange(padded, dtype=jnp.int32)
-
-    def body(carry):
-        i, k_cache, v_cache, last = carry
-        start = i * piece
-        positions = (start + jnp.arange(piece, dtype=jnp.int32))[None]
-        x = embed(params, config, jax.lax.dynamic_slice_in_dim(tokens, start, piece)[None], positions)
-        before = lambda kv: [Keys(kv[0], kv[1], slots, slots < start)]
-        h, (k, v) = decoder(params, config, x, positions, positions < length, (k_cache, v_cache), before)
-        k_cache = jax.lax.dynamic_update_slice_in_dim(k_cache, k[:, 0].astype(k_cache.dtype), start, axis=1)
-        v_cache = jax.lax.dynamic_update_slice_in_dim(v_cache, v[:, 0].astype(v_cache.dtype), start, axis=1)
-        row = length - 1 - start  # the prompt's last token, where it is in this piece
-        here = jax.lax.dynamic_index_in_dim(h[0], jnp.clip(row, 0, piece - 1), keepdims=False)
-        return i + 1, k_cache, v_cache, jnp.where((row >= 0) & (row < piece), here, last)
-
-    carry = (jnp.int32(0), jnp.zeros(shape, dtype), jnp.zeros(shape, dtype), jnp.zeros((config.hidden_size,), dtype))
-    _, k, v, last = jax.lax.while_loop(lambda c: c[0] * piece < length, body, carry)
-    return PrefixCache(k=k, v=v, length=jnp.asarray(length, jnp.int32)), output_logits(params, config, last)
+    cache, logits = prefill(params, config, tokens[:read], length)
+    widen = lambda x: jnp.pad(x, [(0, 0), (0, padded - read)] + [(0, 0)] * (x.ndim - 2))
+    return PrefixCache(k=widen(cache.k), v=widen(cache.v), length=cache.length), logits
 
 
 def extend(

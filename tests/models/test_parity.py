@@ -129,22 +129,26 @@ def test_cached_decoding_equals_full_forward(arch, tiny):
 
 
 @pytest.mark.parametrize("arch", ["llama", "gemma3", "gpt2", "phi3_longrope"])
-def test_prefill_in_pieces_is_the_full_prefill(arch, tiny):
-    """`prefill_pieces` reads the padded prompt 4 tokens at a time, only the pieces the length
-    needs: the same cache (over the prompt) and logits as one pass, for lengths inside a piece,
-    on a piece boundary and past the sliding window (Gemma 3); batched over prompts too."""
+def test_prefill_of_the_needed_columns_is_the_full_prefill(arch, tiny):
+    """`prefill_read` computes only the first `read` columns of the padded prompts and widens the
+    cache to the padded size: the same cache (over the prompt) and logits as one pass over the
+    whole bucket, for lengths inside and at the end of the read columns and past the sliding
+    window (Gemma 3); the slots from `read` on are zero (masked by the length)."""
     directory, _ = tiny(arch)
     config, params = _load(directory)
-    padded = 16
+    padded, read = 16, 12
     tokens = np.random.default_rng(4).integers(0, tc.VOCAB, size=(3, padded)).astype(np.int32)
-    lengths = np.array([3, 8, 13], np.int32)  # 1, 2 and 4 pieces
+    lengths = np.array([3, 8, 12], np.int32)
     whole = jax.vmap(lambda t, n: transformer.prefill(params, config, t, n))(jnp.asarray(tokens), jnp.asarray(lengths))
-    pieces = lm.prefill_many_pieces(params, config, jnp.asarray(tokens), jnp.asarray(lengths), 4)
-    np.testing.assert_allclose(np.asarray(pieces[1]), np.asarray(whole[1]), atol=ATOL, rtol=0)
-    np.testing.assert_array_equal(np.asarray(pieces[0].length), lengths)
+    part = lm.prefill_many_read(params, config, jnp.asarray(tokens), jnp.asarray(lengths), read)
+    np.testing.assert_allclose(np.asarray(part[1]), np.asarray(whole[1]), atol=ATOL, rtol=0)
+    np.testing.assert_array_equal(np.asarray(part[0].length), lengths)
+    assert part[0].k.shape == whole[0].k.shape and part[0].v.shape == whole[0].v.shape
     for r, n in enumerate(lengths):
-        for got, want in ((pieces[0].k, whole[0].k), (pieces[0].v, whole[0].v)):
+        for got, want in ((part[0].k, whole[0].k), (part[0].v, whole[0].v)):
             np.testing.assert_allclose(np.asarray(got[r, :, :n]), np.asarray(want[r, :, :n]), atol=ATOL, rtol=0)
+            if not config.rope_switches_to_long:
+                assert not np.any(np.asarray(got[r, :, read:]))
 
 
 def test_sharded_checkpoint_loads_the_same(tiny, tmp_path):
