@@ -116,11 +116,11 @@ def profile_child(model_name: str, total: int, out: str) -> None:
     scorer = ByteScorer(model)  # logprob's scorer: the default settings
     read, seen = scorer._read, []
 
-    class Recorded:  # the reading program, its arguments kept (copies: the state is donated)
+    class Recorded:  # the reading program, its last arguments kept (copies: the state is donated)
         trace = read.trace
 
         def __call__(self, *args):
-            seen.append(args[:1] + tuple(jax.tree.map(jax.numpy.copy, args[1:])))
+            seen[:] = [args[:1] + tuple(jax.tree.map(jax.numpy.copy, args[1:]))]
             return read(*args)
 
     scorer._read = Recorded()

@@ -31,6 +31,13 @@ its own: all ten at once, and in groups of the byte batch size (each group's pro
 before its clock starts, GenLM's model-output caches emptied after it, as compare_genlm does
 between runs).
 
+Forward workload (`--workloads forward`): the model's decode forward alone, warm, one call of a
+problem's M rows (each model once) against one call of a batch's B x M rows (JSON: B = the batch
+size, SmolLM2; bytes: B = 10, SmolLM2 and Gemma 3), after the workload's median prompt. Its
+problems per second are what a path would reach if a step were nothing but its forwards, so
+forward_*_speedup is the most batching can give on this device where the forward is all (the
+rest of a step, beams, tries, constraint masks and resampling, grows with the rows).
+
 Tried and not kept: one model call reading the written rows of all problems of a byte batch (and
 all prompts) together, M at a time: fewer rows (770 against 1,000 for two SmolLM2 problems) but
 more forwards (77 of 10 rows against 50 of 20), 8.0 s against 7.0 s warm.
@@ -38,7 +45,7 @@ more forwards (77 of 10 rows against 50 of 20), 8.0 s against 7.0 s warm.
 Writes benchmarks/results/throughput.{json,md}, keeping the saved rows of other workloads and of
 other devices (`device`: "cpu" or the GPU's kind; a GPU's facts carry its name). `device_busy`:
 on an NVIDIA GPU, the share of a pass it spent running kernels (NVML, `common.DeviceBusy`).
-Run: python -m benchmarks.throughput [--workloads json bytes] [--instances 20] [--seeds 3]
+Run: python -m benchmarks.throughput [--workloads json bytes forward] [--instances 20] [--seeds 3]
 [--batch-size 20] [--skip-genlm]
 """
 
@@ -130,6 +137,53 @@ def byte_rows(skip_genlm: bool, size: int) -> tuple[list[dict], dict]:
     facts = dict(byte_same_strings=sum(texts[("sequential", p)] == texts[("batched", p)] for p in BYTE_PROMPTS))
     warm = {row["path"].split(" ")[0]: row["problems_per_s"] for row in rows if row["pass_"] == "warm"}
     facts["byte_speedup_warm"] = warm["batched"] / warm["sequential"]
+    return rows, facts
+
+
+def decode_seconds(model, prompt_tokens: int, rows: int, slots: int = 48, repeats: int = 10) -> float:
+    """Median seconds of one warm decode forward of `model` (`transformer.decode`): `rows` rows,
+    each one token after a `prompt_tokens`-token prompt and half of `slots` earlier tokens."""
+    import jax
+    import jax.numpy as jnp
+
+    from smc_jax.models import lm, transformer
+
+    padded = max(16, 1 << (prompt_tokens - 1).bit_length())
+    prefix, _ = lm.prefill(model.params, model.config, jnp.ones(padded, jnp.int32), jnp.int32(prompt_tokens))
+    suffix = jnp.zeros(prefix.k.shape[:1] + (rows, slots) + prefix.k.shape[2:], prefix.k.dtype)
+    lengths, tokens = jnp.full((rows,), slots // 2, jnp.int32), jnp.arange(rows, dtype=jnp.int32) + 100
+    call = jax.jit(lambda params, s: transformer.decode(params, model.config, prefix, s, s, lengths, tokens)[0])
+    call(model.params, suffix).block_until_ready()
+    seconds = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        call(model.params, suffix).block_until_ready()
+        seconds.append(time.perf_counter() - start)
+    return statistics.median(seconds)
+
+
+def forward_rows(instances: int, json_batch: int) -> tuple[list[dict], dict]:
+    """The model forward alone, per workload: one decode call of a problem's M rows (each model
+    once) against one of a batch's B x M rows, after the workload's median prompt. Its rate is
+    the problems per second if a step were nothing but its forwards, so the ratio is the most
+    batching can give where the forward is all; the rest of a step grows with the rows."""
+    from smc_jax.models import load_model
+
+    smol, gemma = load_model("smollm2-135m-instruct"), load_model("gemma3-270m")
+    json_prompts = [prompt for _, prompt, _ in json_problems(instances)]
+    rows, facts = [], {}
+    for workload, models, prompts, m, b in (("json", [smol], json_prompts, SETTINGS["num_particles"], json_batch),
+                                            ("bytes", [smol, gemma], BYTE_PROMPTS, BYTE_SETTINGS["num_particles"],
+                                             len(BYTE_PROMPTS))):
+        tokens = {model.name: int(statistics.median(len(model.encode_prompt(p)) for p in prompts)) for model in models}
+        seconds = {}
+        for label, count in (("one problem", 1), (f"batch of {b}", b)):
+            seconds[count] = sum(decode_seconds(model, tokens[model.name], m * count) for model in models)
+            rows.append(dict(workload="forward", path=f"{workload}: {label}, {m * count} rows a model", pass_="warm",
+                             problems=count, seconds=seconds[count], problems_per_s=count / seconds[count]))
+            print(rows[-1], flush=True)
+        facts[f"forward_{workload}_speedup"] = b * seconds[1] / seconds[b]
+        facts[f"forward_{workload}_prompt_tokens"] = tokens
     return rows, facts
 
 
@@ -295,9 +349,9 @@ def keep_other_workloads(rows: list[dict], facts: dict, measured: list[str], dev
     old, meta = kept_rows("throughput", lambda row: row.get("workload") in measured
                           and (genlm_measured or not row["path"].startswith("GenLM")), device)
     rows += old
-    remeasured = tuple(fact_prefix(device) + prefix for workload, prefix in (("json", "json_"), ("bytes", "byte_"))
-                       if workload in measured)
-    facts |= {k: v for k, v in meta.items() if k not in facts and ("json_" in k or "byte_" in k)
+    remeasured = tuple(fact_prefix(device) + prefix for workload, prefix in (
+        ("json", "json_"), ("bytes", "byte_"), ("forward", "forward_")) if workload in measured)
+    facts |= {k: v for k, v in meta.items() if k not in facts and ("json_" in k or "byte_" in k or "forward_" in k)
               and not k.startswith(remeasured)}
     facts |= genlm_ratios(rows, device)
     return f"{len(old)} rows kept from earlier runs" if old else None
@@ -311,7 +365,8 @@ def fact_prefix(device: str) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--workloads", nargs="+", choices=("json", "bytes"), default=["json", "bytes"])
+    parser.add_argument("--workloads", nargs="+", choices=("json", "bytes", "forward"),
+                        default=["json", "bytes", "forward"])
     parser.add_argument("--instances", type=int, default=20)
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--batch-size", type=int, default=20)
@@ -331,6 +386,8 @@ def main() -> None:
     for workload in args.workloads:  # saved after each workload: a later failure keeps it
         if workload == "json":
             more, known = json_rows(args.instances, list(range(args.seeds)), args.batch_size)
+        elif workload == "forward":
+            more, known = forward_rows(args.instances, args.batch_size)
         else:
             more, known = byte_rows(args.skip_genlm, args.byte_batch_size)
             known |= dict(byte_settings=BYTE_SETTINGS)
@@ -345,8 +402,10 @@ def write(rows: list[dict], facts: dict, measured: list[str], device: str, genlm
     """Saves the rows of the measured workloads with the kept rows of the others."""
     kept = keep_other_workloads(rows, facts, measured, device, genlm_measured)
     notes = __doc__.split("\n\n", 1)[1].rsplit("\n\nWrites", 1)[0]
+    shown = ("speedup_warm", "speedup_warm_ci95", "speedup_first_pass", "same_strings", "forward_json_speedup",
+             "forward_bytes_speedup")
     notes += "\n\n" + "\n".join(f"- {k}: {round(v, 3) if isinstance(v, float) else v}" for k, v in facts.items()
-                                 if k.endswith(("speedup_warm", "speedup_warm_ci95", "speedup_first_pass", "same_strings")))
+                                 if k.endswith(shown))
     if kept:
         notes += f"\n- {kept} (column `measured`)"
     print(save("throughput", rows, ["device", "workload", "path", "pass_", "problems", "seconds", "problems_per_s",

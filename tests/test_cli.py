@@ -44,6 +44,28 @@ def test_compiled_programs_persist_across_processes(tmp_path):
     assert _process({**env, "JAX_COMPILATION_CACHE_DIR": str(own)}) == (1, 0, str(own)) and any(own.iterdir())
 
 
+def _threshold(env: dict[str, str]) -> float:
+    """The persistent cache's least compile seconds in a fresh process after `import smc_jax`."""
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_PERSISTENT_CACHE", "SMC_JAX_NO_CACHE"))}
+    code = "import jax, smc_jax; print(jax.config.jax_persistent_cache_min_compile_time_secs)"
+    out = subprocess.run([sys.executable, "-c", code], env={**base, "JAX_PLATFORMS": "cpu", **env}, capture_output=True,
+                         text=True, check=True)
+    return float(out.stdout)
+
+
+def test_programs_of_a_fifth_of_a_second_are_kept_unless_the_user_set_the_threshold(tmp_path):
+    """JAX keeps only programs that compiled for 1 s; the library keeps those of 0.2 s (the
+    prompt prefills), in its own cache directory or one the user chose, but not a threshold the
+    user set."""
+    from smc_jax.utils.compilation import MIN_CACHED_COMPILE_S
+
+    assert MIN_CACHED_COMPILE_S < 1.0
+    assert _threshold({"SMC_JAX_CACHE_DIR": str(tmp_path)}) == MIN_CACHED_COMPILE_S
+    assert _threshold({"JAX_COMPILATION_CACHE_DIR": str(tmp_path / "own")}) == MIN_CACHED_COMPILE_S
+    assert _threshold({"JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "2"}) == 2.0
+    assert _threshold({"SMC_JAX_NO_CACHE": "1"}) == 1.0  # no cache: JAX's settings untouched
+
+
 _CLI_PROCESS = """
 import collections, sys
 import jax
