@@ -884,10 +884,10 @@ def byte_logprob(experts: ByteExperts, data: bytes) -> ByteLogprob:
     )
 
 
-_BYTE_VOCABS: "weakref.WeakKeyDictionary[LanguageModel, tuple[TokenTrie, np.ndarray, list]]" = weakref.WeakKeyDictionary()
+_BYTE_VOCABS: "weakref.WeakKeyDictionary[LanguageModel, tuple[TokenTrie, np.ndarray, tuple]]" = weakref.WeakKeyDictionary()
 
 
-def _vocabulary(model: LanguageModel) -> tuple[TokenTrie, np.ndarray, list[bytes | None]]:
+def _vocabulary(model: LanguageModel) -> tuple[TokenTrie, np.ndarray, tuple[bytes | None, ...]]:
     if model not in _BYTE_VOCABS:
         if model.tokenizer is None:
             raise ValueError(f"{model.name} has no tokenizer, so its tokens' bytes are unknown")
@@ -913,7 +913,7 @@ def byte_vocabulary(model: LanguageModel) -> tuple[TokenTrie, np.ndarray]:
     return _vocabulary(model)[:2]
 
 
-def token_bytes(model: LanguageModel) -> list[bytes | None]:
+def token_bytes(model: LanguageModel) -> tuple[bytes | None, ...]:
     """Each token id's bytes (None for the ids a byte-level LM may not use but EOS).
 
     Parameters
