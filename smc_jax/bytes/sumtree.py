@@ -81,7 +81,9 @@ def build_sum_tree(logp: Float[ArrayLike, "... n"]) -> SumTree:
     num_values = logp.shape[-1]
     num_leaves = 1 << max(num_values - 1, 0).bit_length()
     padding = [(0, 0)] * (logp.ndim - 1) + [(0, num_leaves - num_values)]
-    level = jnp.pad(logp, padding, constant_values=-jnp.inf)
+    # Materialized once: fused into both of its readers (the first level and the table), the
+    # leaves' producers (a gather into trie order, a log-softmax) ran twice, 1.9x the time.
+    level = jax.lax.optimization_barrier(jnp.pad(logp, padding, constant_values=-jnp.inf))
     levels, valid = [level], num_values
     while level.shape[-1] > 1:
         # Cells past the values' ceil(valid / 2) parents cover padding only: -inf, not computed.
