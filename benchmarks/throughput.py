@@ -61,7 +61,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from scipy import stats  # noqa: E402
 
-from benchmarks.common import DeviceBusy, device_label, kept_rows, save  # noqa: E402
+from benchmarks.common import DeviceBusy, device_label, kept_rows, save, timed  # noqa: E402
 
 SETTINGS = dict(level="token", num_particles=8, max_length=48, ess_threshold=0.9, at_max_length="eos", temperature=1.0)
 
@@ -148,18 +148,12 @@ def decode_seconds(model, prompt_tokens: int, rows: int, slots: int = 48, repeat
 
     from smc_jax.models import lm, transformer
 
-    padded = max(16, 1 << (prompt_tokens - 1).bit_length())
+    padded = lm.prompt_bucket(prompt_tokens, model.prompt_capacity)
     prefix, _ = lm.prefill(model.params, model.config, jnp.ones(padded, jnp.int32), jnp.int32(prompt_tokens))
     suffix = jnp.zeros(prefix.k.shape[:1] + (rows, slots) + prefix.k.shape[2:], prefix.k.dtype)
     lengths, tokens = jnp.full((rows,), slots // 2, jnp.int32), jnp.arange(rows, dtype=jnp.int32) + 100
     call = jax.jit(lambda params, s: transformer.decode(params, model.config, prefix, s, s, lengths, tokens)[0])
-    call(model.params, suffix).block_until_ready()
-    seconds = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        call(model.params, suffix).block_until_ready()
-        seconds.append(time.perf_counter() - start)
-    return statistics.median(seconds)
+    return timed(lambda: call(model.params, suffix).block_until_ready(), repeats)[0]
 
 
 def forward_rows(instances: int, json_batch: int) -> tuple[list[dict], dict]:

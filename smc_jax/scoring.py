@@ -9,7 +9,8 @@ constants of its program, so every call would compile anew. A `ByteScorer` inste
   CHUNK_BYTES at a time by one program (`_read`), the beams' state carried from run to run, so
   its length does not change the program (only the stores' token capacity does, in powers of
   two from MIN_TOKEN_BUCKET). Compiled per model: a prefill per (batch size, prompt size,
-  multiple of PREFILL_STEP), a start state and `_read` per (batch size, prompt size, token capacity), and capacity scales only grow on an overflow;
+  multiple of PREFILL_STEP), a start state and `_read` per (batch size, prompt size, token
+  capacity), and capacity scales only grow on an overflow;
 * keeps `_read` small: a call site of the model reads its rows ROW_CHUNK at a time
   (`ByteExperts.row_chunk`), so the program holds one forward per call site, and a
   position's next-byte distributions come first in its step, so starting needs no model call;
