@@ -7,9 +7,12 @@ Each model runs in fresh processes with an empty XLA cache of their own: first t
 (cold: every program is compiled), then one line in a second process (warm cache: programs are
 loaded). Reports XLA compilations (`smc_jax.utils.compilation`), seconds of the first and later
 calls, the most memory mappings seen (lines of /proc/self/maps) and lines given probability 0.
+The models in --bf16-matmuls run a second time with bfloat16 weight matmuls
+(`load_model(..., matmul_dtype=jnp.bfloat16)`, the CLI's --bf16-matmuls).
 Writes benchmarks/results/bench_scoring.{json,md}.
 
 Run: python -m benchmarks.bench_scoring [--bytes 5000] [--models smollm2-135m-instruct gemma3-270m]
+[--bf16-matmuls smollm2-135m-instruct]
 """
 
 from __future__ import annotations
@@ -70,13 +73,20 @@ def maps() -> int:
         return sum(1 for _ in f)
 
 
-def child(model_name: str, total: int, count: int, out: str) -> None:
+def load(model_name: str, matmuls: str):
+    """The model, its weight matmuls in `matmuls` ("float32": as loaded)."""
+    from smc_jax import load_model
+
+    return load_model(model_name, **({} if matmuls == "float32" else {"matmul_dtype": matmuls}))
+
+
+def child(model_name: str, total: int, count: int, out: str, matmuls: str) -> None:
     """Scores the first `count` lines (all if 0) in this process; writes per-call records."""
-    from smc_jax import load_model, logprob
+    from smc_jax import logprob
     from smc_jax.utils.compilation import count_compilations
 
     start = time.perf_counter()
-    model = load_model(model_name)
+    model = load(model_name, matmuls)
     loaded = time.perf_counter() - start
     text = lines(total)
     calls = []
@@ -99,7 +109,7 @@ def child(model_name: str, total: int, count: int, out: str) -> None:
 PROFILED_LINE = 19
 
 
-def profile_child(model_name: str, total: int, out: str) -> None:
+def profile_child(model_name: str, total: int, out: str, matmuls: str) -> None:
     """Scores lines up to PROFILED_LINE, then that line again twice (nothing compiles then): its
     three stages timed apart (the prompt's prefill, the start with its guiding call, the reading
     program's runs), then under `jax.profiler`; writes its seconds by stage and the reading's by part.
@@ -109,10 +119,10 @@ def profile_child(model_name: str, total: int, out: str) -> None:
     import jax
 
     from benchmarks.compile_profile import runtime_parts
-    from smc_jax import load_model, scoring
+    from smc_jax import scoring
     from smc_jax.scoring import ByteScorer
 
-    model, text = load_model(model_name), lines(total)
+    model, text = load(model_name, matmuls), lines(total)
     scorer = ByteScorer(model)  # logprob's scorer: the default settings
     read, seen = scorer._read, []
 
@@ -154,18 +164,19 @@ def profile_child(model_name: str, total: int, out: str) -> None:
                    "stages": stages, "parts": parts}, f)
 
 
-def run_child(model_name: str, total: int, count: int, cache: str, profile: bool = False) -> dict:
+def run_child(model_name: str, total: int, count: int, cache: str, matmuls: str, profile: bool = False) -> dict:
     with tempfile.NamedTemporaryFile(suffix=".json") as out:
         env = dict(os.environ, JAX_COMPILATION_CACHE_DIR=cache)
         if profile:
             env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " --xla_cpu_enable_xprof_traceme=true").strip()
         subprocess.run([sys.executable, "-m", "benchmarks.bench_scoring", "--child", model_name, "--bytes", str(total),
-                        "--count", str(count), "--out", out.name] + (["--profile"] if profile else []), env=env, check=True)
+                        "--count", str(count), "--out", out.name, "--matmuls", matmuls] + (["--profile"] if profile else []),
+                       env=env, check=True)
         with open(out.name) as f:
             return json.load(f)
 
 
-def summary(model_name: str, cold: dict, warm: dict, profiled: dict) -> dict:
+def summary(model_name: str, matmuls: str, cold: dict, warm: dict, profiled: dict) -> dict:
     calls = cold["calls"]
     later = [c["seconds"] for c in calls[1:]]
     steady = [c for c in calls[1:] if not c["compilations"]]  # later calls that compiled nothing
@@ -173,7 +184,7 @@ def summary(model_name: str, cold: dict, warm: dict, profiled: dict) -> dict:
     forwards = sum(c["model_calls"] for c in steady)
     parts = profiled["parts"]
     return {
-        "model": model_name, "lines": len(calls), "bytes": sum(c["bytes"] for c in calls),
+        "model": model_name, "matmuls": matmuls, "lines": len(calls), "bytes": sum(c["bytes"] for c in calls),
         "compilations": sum(c["compilations"] for c in calls),
         "compile_s": sum(c["compile_seconds"] for c in calls),
         "first_call_s_cold": calls[0]["seconds"], "first_call_s_warm_cache": warm["calls"][0]["seconds"],
@@ -193,31 +204,38 @@ def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_scoring", description=__doc__)
     parser.add_argument("--bytes", type=int, default=5000, help="about this many bytes of text")
     parser.add_argument("--models", nargs="+", default=["smollm2-135m-instruct", "gemma3-270m"])
+    parser.add_argument("--bf16-matmuls", nargs="*", default=["smollm2-135m-instruct"],
+                        help="models also run with bfloat16 weight matmuls")
+    parser.add_argument("--matmuls", default="float32", help=argparse.SUPPRESS)
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--count", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     parser.add_argument("--profile", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        return (profile_child if args.profile else partial(child, count=args.count))(args.child, args.bytes, out=args.out)
+        run = profile_child if args.profile else partial(child, count=args.count)
+        return run(args.child, args.bytes, out=args.out, matmuls=args.matmuls)
     from benchmarks.common import markdown_table, save
 
     rows, calls, profiles = [], {}, {}
-    for name in args.models:
+    runs = [(name, "float32") for name in args.models] + [(name, "bfloat16") for name in args.bf16_matmuls]
+    for name, matmuls in runs:
+        label = name if matmuls == "float32" else f"{name}, {matmuls} matmuls"
         with tempfile.TemporaryDirectory() as cache:  # this model's programs only: cold, then warm
-            cold = run_child(name, args.bytes, 0, cache)
-            warm = run_child(name, args.bytes, 1, cache)
-            profiles[name] = run_child(name, args.bytes, 0, cache, profile=True)
-        rows.append(summary(name, cold, warm, profiles[name]))
-        calls[name] = cold["calls"]
+            cold = run_child(name, args.bytes, 0, cache, matmuls)
+            warm = run_child(name, args.bytes, 1, cache, matmuls)
+            profiles[label] = run_child(name, args.bytes, 0, cache, matmuls, profile=True)
+        rows.append(summary(name, matmuls, cold, warm, profiles[label]))
+        calls[label] = cold["calls"]
         print(rows[-1], flush=True)
     text = lines(args.bytes)
     notes = (
         f"{len(text)} lines, {sum(len(t.encode()) for t in text)} bytes (lines of "
         f"{min(len(t.encode()) for t in text)}-{max(len(t.encode()) for t in text)} bytes), each scored by "
         f"`smc_jax.logprob` after the previous lines that fit in {PROMPT_BYTES} bytes, default beam (width 5, "
-        "threshold 0.05), healing on. Cold: a fresh process with an empty XLA cache scores every line "
-        "(compilations, compile seconds and maps are that process's); warm cache: a second process scores the "
+        "threshold 0.05), healing on. matmuls: the weight matmuls' dtype (bfloat16: `load_model(..., "
+        "matmul_dtype=jnp.bfloat16)`, log-probabilities within bfloat16's rounding). Cold: a fresh process with "
+        "an empty XLA cache scores every line (compilations, compile seconds and maps are that process's); warm cache: a second process scores the "
         "first line. later_call: lines after the first. ms_per_byte_later, forwards_per_byte (model forwards, "
         "`ByteLogprob.model_calls`), rows_per_forward and ms_per_forward: over the later calls that compiled "
         "nothing. max_maps: most /proc/self/maps lines after any call. "

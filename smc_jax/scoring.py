@@ -4,8 +4,8 @@ A sampler built per call would hold the continuation's exact length and the prom
 constants of its program, so every call would compile anew. A `ByteScorer` instead
 
 * treats prompts and continuations as data. Prompts are prefilled into caches of
-  PROMPT_BUCKET * PROMPT_GROWTH^k tokens (`prompt_size`), computed over only the least multiple
-  of PREFILL_STEP tokens that holds the prompt, and a continuation is read
+  PROMPT_BUCKET * PROMPT_GROWTH^k tokens (`prompt_size`), computed over only the columns that
+  hold the prompt (`prefill_columns`: multiples of PREFILL_STEP), and a continuation is read
   CHUNK_BYTES at a time by one program (`_read`), the beams' state carried from run to run, so
   its length does not change the program (only the stores' token capacity does, in powers of
   two from MIN_TOKEN_BUCKET). Compiled per model: a prefill per (batch size, prompt size,
@@ -75,9 +75,10 @@ MAX_SCORERS = 4
 DEFAULT_BATCH = 8
 #: Extra contexts per pair for healing (a healed path holds up to 1 + heal_max_backoff).
 HEAL_CONTEXTS = 4
-#: The prefill computes a prompt's cache over a multiple of this many tokens (its bucket may be
-#: wider): the smallest bucket is one program, a larger one a program per multiple.
-PREFILL_STEP = PROMPT_BUCKET
+#: The prefill computes a prompt's cache over PROMPT_BUCKET columns, or the least multiple of
+#: PREFILL_STEP above that holds it (`prefill_columns`; its bucket may be wider): the smallest
+#: bucket is one program, a larger one a program per multiple.
+PREFILL_STEP = 64
 #: Guide rows per pair (`ByteScorer(guide=...)`): its tokenization's contexts and those one token off.
 GUIDE_ROWS = 256
 #: Rows per forward of the guiding call.
@@ -93,6 +94,18 @@ def prompt_size(n: int) -> int:
         The prompt's length in tokens.
     """
     return geometric_bucket(n, PROMPT_BUCKET, PROMPT_GROWTH)
+
+
+def prefill_columns(n: int) -> int:
+    """Columns the prefill reads for a longest prompt of n tokens: PROMPT_BUCKET, or the least
+    multiple of PREFILL_STEP >= n above it.
+
+    Parameters
+    ----------
+    n : int
+        The longest prompt's length in tokens.
+    """
+    return max(PROMPT_BUCKET, -(-n // PREFILL_STEP) * PREFILL_STEP)
 
 
 def _read(
@@ -255,7 +268,7 @@ class ByteScorer:
         else:
             ids = [self._prompt_ids(p) for p in prompts]
         prefixes, logits = prefill_prompts(self.model, ids, max_tokens, token_ids=True, bucket=prompt_size,
-                                           step=PREFILL_STEP)
+                                           columns=prefill_columns)
         num_contexts = (1 + CONTEXTS_PER_BEAM_SLOT * self.beam.width + HEAL_CONTEXTS * self.beam.heal) * scale + self.guide
         num_entries = (2 * (max_tokens + 1) + num_contexts) * scale
         experts = ByteExperts(

@@ -258,7 +258,7 @@ def prefill_prompts(
     max_new_tokens: int,
     token_ids: bool = False,
     bucket: Callable[[int], int] | None = None,
-    step: int = 0,
+    columns: Callable[[int], int] | None = None,
 ):
     """Prompt caches of K prompts padded to one bucket size, stacked, and their next-token logits
     (prompts are text or chat messages, or token ids when `token_ids`).
@@ -276,10 +276,10 @@ def prefill_prompts(
     bucket : callable, optional
         Padded size of a prompt of n tokens (default: `prompt_bucket`, within the model's
         prompt capacity).
-    step : int
-        Compute each prompt's cache over the least multiple of `step` tokens that holds the
-        longest prompt (within the bucket; the cache keeps the bucket's size): one program per
-        multiple. 0: over the whole bucket.
+    columns : callable, optional
+        Columns read for a longest prompt of n tokens (at least n): each cache is computed
+        over that many columns, at most the bucket's size (the cache keeps the bucket's size),
+        one program per distinct value. None: the whole bucket.
     """
     ids = [list(p) for p in prompts] if token_ids else [model.encode_prompt(p) for p in prompts]
     for i, seq in enumerate(ids):
@@ -298,5 +298,5 @@ def prefill_prompts(
         padded[i, : len(seq)] = seq
     lengths = np.asarray([len(seq) for seq in ids], np.int32)
     arrays = jax.device_put(padded), jax.device_put(lengths)  # transfers: no program per shape
-    read = min(size, -(-int(lengths.max()) // step) * step) if step else 0
+    read = min(size, columns(int(lengths.max()))) if columns else 0
     return model.prefill_batch(*arrays, read=read)
