@@ -368,3 +368,33 @@ def test_matmul_dtype_is_checked_before_loading(tmp_path):
         load_model(tmp_path / "missing.gguf", matmul_dtype=jnp.int8)
     with pytest.raises(ValueError, match="dtype must be"):
         load_model(tmp_path / "missing.gguf", dtype="float16")
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def test_bf16_decode_loop_copies_no_weight_table(arch, tiny):
+    """A bfloat16 embedding and head under float32 activations, read by decode steps ([rows, 1]
+    tokens) in a loop: XLA:CPU must not make a whole-table copy outside the loop on every run
+    of the program (a transposed head for the product, the table's bits for the gather)."""
+    directory, _ = tiny(arch)
+    model = load_model(directory, matmul_dtype=jnp.bfloat16)
+    params, config = model.params, model.config
+    head = params["embed"] if config.tie_embeddings else params["lm_head"]
+    assert head.dtype == jnp.bfloat16
+
+    def steps(params, tokens, n):
+        def body(carry):
+            i, total = carry
+            rows = (tokens + i) % config.vocab_size
+            logits = transformer.forward(params, config, rows, jnp.zeros(rows.shape, jnp.int32), jnp.ones(rows.shape, bool))
+            return i + 1, total + logits[:, 0, :4].sum()
+
+        return jax.lax.while_loop(lambda carry: carry[0] < n, body, (jnp.int32(0), jnp.float32(0)))[1]
+
+    tokens = jnp.arange(ROWS * 8, dtype=jnp.int32).reshape(-1, 1)
+    text = jax.jit(steps).lower(params, tokens, 3).compile().as_text()
+    v, d = head.shape
+    table = params["embed"].shape
+    copies = [line.strip() for line in text.splitlines()
+              if re.search(rf"= bf16\[{d},{v}\]\S* (copy|fusion)\(", line)  # the head transposed
+              or re.search(rf"= u16\[{table[0]},{table[1]}\]\S* fusion\(", line)]  # the table's bits, materialized
+    assert copies == []
