@@ -9,7 +9,7 @@ constants of its program, so every call would compile anew. A `ByteScorer` inste
   CHUNK_BYTES at a time by one program (`_read`), the beams' state carried from run to run, so
   its length does not change the program (only the stores' token capacity does, in powers of
   two from MIN_TOKEN_BUCKET). Compiled per model: a prefill per (batch size, prompt size,
-  multiple of PREFILL_STEP), a start state and `_read` per (batch size, prompt size, token
+  columns read), a start state and `_read` per (batch size, prompt size, token
   capacity), and capacity scales only grow on an overflow;
 * keeps `_read` small: a call site of the model reads its rows ROW_CHUNK at a time
   (`ByteExperts.row_chunk`), so the program holds one forward per call site, and a
@@ -56,7 +56,7 @@ from smc_jax.experts.byte import (
 from smc_jax.models.contexts import ContextStoreOverflowError
 from smc_jax.models.lm import LanguageModel, Prompt, prefill_prompts
 from smc_jax.settings import CAPACITY_GROWTH, CONTEXTS_PER_BEAM_SLOT, DEFAULTS, MAX_CAPACITY_SCALE
-from smc_jax.utils.buckets import geometric_bucket
+from smc_jax.utils.buckets import geometric_bucket, multiple_bucket
 
 #: Bytes read per program run: a continuation is fed CHUNK_BYTES at a time, the beams' state
 #: carried from run to run, so one program serves every length.
@@ -105,7 +105,7 @@ def prefill_columns(n: int) -> int:
     n : int
         The longest prompt's length in tokens.
     """
-    return max(PROMPT_BUCKET, -(-n // PREFILL_STEP) * PREFILL_STEP)
+    return max(PROMPT_BUCKET, multiple_bucket(n, PREFILL_STEP))
 
 
 def _read(

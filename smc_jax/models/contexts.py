@@ -31,6 +31,7 @@ import numpy as np
 from flax import struct
 from jaxtyping import Array, Bool, Float, Int
 
+from smc_jax.utils.buckets import multiple_bucket
 from smc_jax.utils.control import in_place_cond, map_axis
 from smc_jax.utils.problems import shared_max
 
@@ -281,7 +282,7 @@ def _chunked_step(model, prefix, pool, summary, paths, depth, token, write_entry
     and a call's rows per expert often fit in M / 2. Returns the pool, the summaries and the
     rows computed (padding included)."""
     u = token.shape[0]
-    padded = -(-u // chunk) * chunk
+    padded = multiple_bucket(u, chunk)
     pad = lambda x, fill: jnp.pad(x, [(0, padded - u)] + [(0, 0)] * (x.ndim - 1), constant_values=fill)
     rows = (pad(paths, 0), pad(depth, 0), pad(token, 0), pad(write_entry, no_entry), pad(write_ctx, no_context))
     # Rows up to the last written one; given from outside a vmap, the loop is not batched (a

@@ -71,6 +71,7 @@ from smc_jax.smc.draw import draw_symbols
 from smc_jax.smc.resampling import RESAMPLERS, effective_sample_size, get_resampler, resample_within
 from smc_jax.smc.result import SMCResult, ZeroWeightError
 from smc_jax.smc.state import PAD_SYMBOL, SMCState, Trace, empty_trace
+from smc_jax.utils.buckets import multiple_bucket
 from smc_jax.utils.compilation import stored_jit
 
 class Proposal(NamedTuple):
@@ -669,7 +670,7 @@ def length_bucket(max_length: int) -> int:
     max_length : int
         L.
     """
-    return -(-max_length // LENGTH_BUCKET) * LENGTH_BUCKET
+    return multiple_bucket(max_length, LENGTH_BUCKET)
 
 
 def finish(state: SMCState) -> SMCState:

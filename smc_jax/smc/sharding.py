@@ -38,6 +38,7 @@ from jaxtyping import PRNGKeyArray
 
 from smc_jax.smc.ensemble import Ensemble
 from smc_jax.experts.base import ExpertGroup, stack_experts
+from smc_jax.utils.buckets import multiple_bucket
 from smc_jax.experts.byte import PrefetchCache
 from smc_jax.models.contexts import ContextStore
 from smc_jax.models.paged import KVPool, PagedTransformer
@@ -140,7 +141,7 @@ def check_particle_split(num_particles: int, shards: int, builder: str) -> None:
         raise ValueError(
             f"num_particles={num_particles} is not divisible by the {shards} devices of the mesh's "
             f"{PARTICLES!r} axis: use a multiple of {shards} particles (e.g. "
-            f"{-(-num_particles // shards) * shards}), or a mesh with fewer particle devices "
+            f"{multiple_bucket(num_particles, shards)}), or a mesh with fewer particle devices "
             f"({builder}(particles=...))"
         )
 

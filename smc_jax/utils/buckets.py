@@ -19,3 +19,16 @@ def geometric_bucket(n: int, smallest: int, growth: int = 2) -> int:
     while size < n:
         size *= growth
     return size
+
+
+def multiple_bucket(n: int, step: int) -> int:
+    """The least multiple of step >= n.
+
+    Parameters
+    ----------
+    n : int
+        The size (bytes, tokens, rows).
+    step : int
+        The buckets' spacing.
+    """
+    return -(-n // step) * step
