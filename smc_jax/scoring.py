@@ -22,6 +22,9 @@ constants of its program, so every call would compile anew. A `ByteScorer` inste
   token off it that the beams meet on the way (each proper prefix of a chain token that is a
   token itself), GUIDE_CHUNK rows per forward; the reading steps find them in the experts'
   cache (`ByteExperts.guide`) and call the model only for the other tokenizations they keep;
+* builds a run's context stores on the last run's buffers when the shape is the same
+  (`contexts.Recycled`, donated to the start): the pool and the summary table, (contexts + guide
+  slots) x 2V floats, are not zeroed and first touched again on every call;
 * compiles a new shape's two programs at once (`_compile`): the start's in a thread, while
   the reading program is traced and compiled (XLA compiles without holding the GIL);
 * owns its compiled programs (its own `jax.jit`): `scorer_for` keeps at most MAX_SCORERS
@@ -53,7 +56,7 @@ from smc_jax.experts.byte import (
     token_bytes,
     token_ids_of,
 )
-from smc_jax.models.contexts import ContextStoreOverflowError
+from smc_jax.models.contexts import ContextStoreOverflowError, Recycled
 from smc_jax.models.lm import LanguageModel, Prompt, prefill_prompts
 from smc_jax.settings import CAPACITY_GROWTH, CONTEXTS_PER_BEAM_SLOT, DEFAULTS, MAX_CAPACITY_SCALE
 from smc_jax.utils.buckets import geometric_bucket, multiple_bucket
@@ -136,11 +139,14 @@ def _read(
     return jax.lax.scan(body, state, (data.T, previous.T, offset + jnp.arange(data.shape[1])))
 
 
-def _start(experts: ByteExperts, guide: jax.Array | None) -> tuple[ByteExpertState, tuple[jax.Array, ...]]:
+def _start(
+    experts: ByteExperts, guide: jax.Array | None, recycle: Recycled
+) -> tuple[ByteExpertState, tuple[jax.Array, ...]]:
     """The state after the prompt, guided where `guide` ([3, K, G]: tokens, spine, count) is
-    given, and its heals, calls and rows before guiding. Raw prompt bytes are read here (with
-    model calls); a token prompt's start needs none (its distributions come at position 0)."""
-    state = experts.init(1, refresh=experts.prompt_bytes is not None)
+    given, and its heals, calls and rows before guiding, its stores built on `recycle`'s
+    buffers. Raw prompt bytes are read here (with model calls); a token prompt's start needs
+    none (its distributions come at position 0)."""
+    state = experts.init(1, refresh=experts.prompt_bytes is not None, recycle=recycle)
     counters = (state.beams.heals, state.stores.calls, state.stores.rows)
     if guide is not None:
         state = experts.guide(state, guide[0], guide[1], guide[2, :, 0], GUIDE_CHUNK)
@@ -210,9 +216,11 @@ class ByteScorer:
         self.guide = 0 if prompt_as_bytes else guide
         if self.guide:
             self.token_bytes, self.ids_of = token_bytes(model), token_ids_of(model)
-        # This scorer's own programs, released with it; a chunk's state is updated in place.
-        self._start = jax.jit(_start)
+        # This scorer's own programs, released with it; a chunk's state is updated in place,
+        # and the next call of the same shape builds its stores on this one's buffers.
+        self._start = jax.jit(_start, donate_argnums=(2,))
         self._read = jax.jit(_read, donate_argnums=(1,))
+        self._spare: tuple[tuple, Recycled] | None = None
 
     def _guide_rows(self, data: bytes) -> tuple[list[int], list[int]]:
         """The guiding call's rows for one continuation (`guide_rows`), along its own tokenization."""
@@ -222,15 +230,23 @@ class ByteScorer:
             return [], []
         return guide_rows(data, chain, self.token_bytes, self.ids_of, self.guide)
 
-    def _compile(self, experts: ByteExperts, guide, previous, data, lengths) -> tuple[ByteExpertState, tuple]:
+    def _recycled(self, experts: ByteExperts, shape: tuple) -> Recycled:
+        """The last run's store buffers if it had this shape, else zeros (host-made: no program)."""
+        spare, self._spare = self._spare, None  # donated by the start: never passed twice
+        if spare is not None and spare[0] == shape:
+            return spare[1]
+        stores = jax.eval_shape(lambda e: e.init_stores(1), experts)
+        return jax.tree.map(lambda x: jax.device_put(np.zeros(x.shape, x.dtype)), Recycled(stores.pool, stores.summary))
+
+    def _compile(self, experts: ByteExperts, guide, recycle, previous, data, lengths) -> tuple[ByteExpertState, tuple]:
         """The start (`_start`) of a new shape, its program compiled and run in a thread while the
         reading program is traced, lowered and compiled here (XLA compiles without the GIL), so a
         first call waits about for the longer of the two, not for their sum; later calls of
         either program find it compiled."""
-        traced = self._start.trace(experts, guide)
+        traced = self._start.trace(experts, guide, recycle)
         lowered = traced.lower()
         with ThreadPoolExecutor(1) as pool:
-            started = pool.submit(lambda: lowered.compile()(experts, guide))
+            started = pool.submit(lambda: lowered.compile()(experts, guide, recycle))
             self._read.trace(experts, traced.out_info[0], previous, data, np.int32(0), lengths).lower().compile()
             return started.result()
 
@@ -298,10 +314,11 @@ class ByteScorer:
                 guide[0, i, : len(tokens)], guide[1, i, : len(spine)], guide[2, i, 0] = tokens, spine, len(tokens)
         while True:
             experts, shape = self._experts([p for p, _ in pairs], max(1, longest), self.scale)
+            recycle = self._recycled(experts, shape)
             if shape in self.shapes:
-                state, start = self._start(experts, guide)
+                state, start = self._start(experts, guide, recycle)
             else:
-                state, start = self._compile(experts, guide, previous[:, :width], data[:, :width], lengths)
+                state, start = self._compile(experts, guide, recycle, previous[:, :width], data[:, :width], lengths)
             reads = []
             # the prompt's own heals and calls (raw prompt bytes), not the continuation's
             start_heals, start_calls, start_rows = jax.device_get(start)
@@ -314,6 +331,7 @@ class ByteScorer:
             beams = state.beams
             out = jax.device_get((reads[0][3], start_heals, beams.log_mass, beams.next_logp, beams.heals,
                                   state.stores.overflow, reads, (state.stores.calls, state.stores.rows)))
+            self._spare = shape, Recycled(state.stores.pool, state.stores.summary)
             if not np.any(out[5]):
                 break
             if self.scale >= MAX_CAPACITY_SCALE:

@@ -3,6 +3,7 @@ batched values equal to single ones, healing on real text."""
 
 from __future__ import annotations
 
+import jax
 import numpy as np
 import pytest
 
@@ -94,3 +95,22 @@ def test_lines_of_any_length_share_programs_and_chunks_change_nothing(smol):
         np.testing.assert_allclose([got.prefix, got.complete], [want.prefix, want.complete], atol=1e-4)
         np.testing.assert_allclose(got.next_logprobs, want.next_logprobs, atol=1e-5)
         assert got.model_calls == want.model_calls > 0  # the same byte steps, however they are chunked
+
+
+def test_a_scorer_builds_its_stores_on_the_last_runs_buffers_with_the_same_bits(smol):
+    """The start takes over the last run's pool and summary table (donated: not zeroed again)
+    when the shape is the same; what they hold from that run (dead contexts, their keys and
+    summaries) changes no value and no call."""
+    used, fresh = ByteScorer(smol), ByteScorer(smol)
+    prompt = "Notes:\n" + LINES[0] + "\n"
+    used(LINES[4], prompt)  # leaves many dead contexts behind
+    spare = used._spare[1]
+    pointers = [leaf.unsafe_buffer_pointer() for leaf in jax.tree.leaves(spare)]
+    for line in (LINES[1], LINES[2]):
+        got, want = used(line, prompt), fresh(line, prompt)
+        np.testing.assert_array_equal(got.conditionals, want.conditionals)
+        np.testing.assert_array_equal(got.next_logprobs, want.next_logprobs)
+        assert (got.prefix, got.complete, got.model_calls, got.rows) == (want.prefix, want.complete, want.model_calls,
+                                                                          want.rows)
+    assert all(leaf.is_deleted() for leaf in jax.tree.leaves(spare))  # donated to the start
+    assert [leaf.unsafe_buffer_pointer() for leaf in jax.tree.leaves(used._spare[1])] == pointers  # updated in place

@@ -55,6 +55,7 @@ from smc_jax.models.contexts import (
     NO_CONTEXT,
     PROMPT_CONTEXT,
     ContextStore,
+    Recycled,
     bucket_sizes,
     extend_contexts,
     extend_group,
@@ -221,15 +222,16 @@ class ByteExperts(ModelExperts):
         none = jnp.full((k, e), NO_CONTEXT, jnp.int32)
         return PrefetchCache(none, none, none, jnp.zeros((k,), jnp.int32), jnp.zeros((k,), jnp.int32))
 
-    def init(self, num_particles: int, refresh: bool = True) -> ByteExpertState:
+    def init(self, num_particles: int, refresh: bool = True, recycle: Recycled | None = None) -> ByteExpertState:
         """The state after the prompt; without `refresh` (static, raw prompt bytes not allowed)
-        its next-byte distributions are left for a `_refresh`, so it needs no model call."""
+        its next-byte distributions are left for a `_refresh`, so it needs no model call. With
+        `recycle`, the stores are built on a spent state's buffers (`ModelExperts.init_stores`)."""
         if not refresh and (self.start is not None or self.prompt_bytes is not None):
             raise ValueError("init(refresh=False) is for a token prompt without a start state")
         if self.start is not None:
             return self._start_for(num_particles)
         m, c, d = num_particles, self.num_slots, self.trie.max_duplicates
-        stores = self.init_stores(num_particles)
+        stores = self.init_stores(num_particles, recycle)
         k = self.num_experts
         if self.prompt_bytes is None:
             beam = initial_beam(m, c, d, PROMPT_CONTEXT)

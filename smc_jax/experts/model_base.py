@@ -20,6 +20,7 @@ from smc_jax.models.contexts import (
     ContextStore,
     ContextStoreOverflowError,
     PagedModel,
+    Recycled,
     context_stats,
     init_store,
     store_failure,
@@ -72,11 +73,12 @@ class ModelExperts:
         """(pool entries, contexts) of each store for `num_particles` particles."""
         raise NotImplementedError
 
-    def init_stores(self, num_particles: int) -> ContextStore:
-        """The K prompts' stores (stacked on axis 0), each holding its prompt's context."""
+    def init_stores(self, num_particles: int, recycle: Recycled | None = None) -> ContextStore:
+        """The K prompts' stores (stacked on axis 0), each holding its prompt's context; with
+        `recycle` (leaves [K, ...]), on the buffers of spent stores of the same sizes (`init_store`)."""
         num_entries, num_contexts = self.capacity(num_particles)
-        return jax.vmap(lambda s: init_store(self.model, s, num_entries, num_contexts, self.max_tokens))(
-            self._summarize(self.prompt_logits)
+        return jax.vmap(lambda s, r: init_store(self.model, s, num_entries, num_contexts, self.max_tokens, r))(
+            self._summarize(self.prompt_logits), recycle
         )
 
     def stats(self, state) -> dict[str, int]:

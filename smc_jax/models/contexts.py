@@ -23,7 +23,7 @@ must be masked by depth (the model's step does so).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import jax
 import jax.numpy as jnp
@@ -105,15 +105,39 @@ class ContextStore:
         return self.context_entry[jnp.clip(contexts, 0, self.num_contexts - 1)]
 
 
+class Recycled(NamedTuple):
+    """A spent store's two large buffers, taken over by `init_store` (donated, they are reused in place)."""
+
+    pool: PyTree
+    summary: PyTree
+
+
 def init_store(
-    model: PagedModel, prompt_summary: PyTree, num_entries: int, num_contexts: int, max_tokens: int
+    model: PagedModel, prompt_summary: PyTree, num_entries: int, num_contexts: int, max_tokens: int,
+    recycle: Recycled | None = None,
 ) -> ContextStore:
-    """A store whose only context is the prompt (id PROMPT_CONTEXT), with the given summary."""
-    summary = jax.tree.map(
-        lambda leaf: jnp.zeros((num_contexts,) + leaf.shape, leaf.dtype).at[PROMPT_CONTEXT].set(leaf), prompt_summary
-    )
+    """A store whose only context is the prompt (id PROMPT_CONTEXT), with the given summary.
+
+    With `recycle` (from a store of these sizes), its pool and summary table are kept as they
+    are instead of zeroed, which for a large vocabulary costs more than a short run (hundreds of
+    MB, first touched): what they hold is never read, since an entry's keys and a context's
+    summary are written when it is created and read only while it is alive, as after any
+    context dies within a run.
+    """
+    table = lambda leaf: jnp.zeros((num_contexts,) + leaf.shape, leaf.dtype)
+    if recycle is None:
+        summary = jax.tree.map(lambda leaf: table(leaf).at[PROMPT_CONTEXT].set(leaf), prompt_summary)
+        pool = model.init_pool(num_entries)
+    else:
+        shapes = lambda tree: jax.tree.map(lambda x: (tuple(x.shape), jnp.dtype(x.dtype)), tree)
+        fresh = Recycled(jax.eval_shape(lambda: model.init_pool(num_entries)),
+                         jax.eval_shape(lambda: jax.tree.map(table, prompt_summary)))
+        if shapes(recycle) != shapes(fresh):
+            raise ValueError("a recycled store must have the new store's sizes; pass recycle=None to start afresh")
+        summary = jax.tree.map(lambda old, leaf: old.at[PROMPT_CONTEXT].set(leaf), recycle.summary, prompt_summary)
+        pool = recycle.pool
     return ContextStore(
-        pool=model.init_pool(num_entries),
+        pool=pool,
         path=jnp.zeros((num_entries, max_tokens), jnp.int32),
         depth=jnp.zeros((num_entries,), jnp.int32),
         context_entry=jnp.full((num_contexts,), PROMPT_ENTRY, jnp.int32),

@@ -7,6 +7,7 @@ import pytest
 from flax import struct
 
 from smc_jax.models.contexts import (
+    Recycled,
     NO_CONTEXT,
     ContextStoreOverflowError,
     PROMPT_CONTEXT,
@@ -327,3 +328,33 @@ def test_linked_optional_rows_continue_rows_of_the_same_call():
     out, new, opt = step(stores, (4, 8, 16), 0)
     ids = np.asarray(opt)[0].tolist()
     assert ids[0] != NO_CONTEXT and ids[2] == ids[4] == ids[6] == NO_CONTEXT
+
+
+def test_a_store_built_on_a_spent_stores_buffers_gives_the_same_results():
+    """`init_store(..., recycle=)` keeps a spent store's pool and summaries (dead contexts'
+    keys and logits in them) instead of zeros: the same walk then creates the same contexts
+    with the same logits; buffers of other sizes are refused."""
+    v, r, s, steps = 5, 4, 6, 5
+    lm = NGramTokenLM.random(jax.random.key(4), vocab_size=v, order=3)
+    prefix, logits0 = lm.prefill([1, 2])
+    make = lambda recycle=None: jax.vmap(lambda l, rc: init_store(lm, l, 3 * r * s, 3 * r, s, rc))(logits0[None], recycle)
+    step = jax.jit(lambda st, c, t, a: extend_group(st, lm, prefix[None], c, t, a, c, lambda x: x, bucket_sizes(r, r)))
+
+    def walk(stores, seed):
+        rng, ctx, made = np.random.default_rng(seed), jnp.full((1, r), PROMPT_CONTEXT, jnp.int32), []
+        for _ in range(steps):
+            tok, active = rng.integers(0, v, size=(1, r)), rng.random((1, r)) < 0.9
+            stores, new = step(stores, ctx, jnp.asarray(tok, jnp.int32), jnp.asarray(active))
+            ctx = jnp.where(new >= 0, new, ctx)
+            made.append((np.asarray(new), np.asarray(stores.summary[0][jnp.maximum(ctx[0], 0)])))
+        return stores, made
+
+    spent, _ = walk(make(), seed=1)
+    assert np.any(np.asarray(spent.summary) != 0)
+    _, want = walk(make(), seed=2)
+    _, got = walk(make(Recycled(spent.pool, spent.summary)), seed=2)
+    for (new_a, logits_a), (new_b, logits_b) in zip(got, want):
+        np.testing.assert_array_equal(new_a, new_b)
+        np.testing.assert_array_equal(logits_a, logits_b)
+    with pytest.raises(ValueError, match="sizes"):
+        jax.vmap(lambda l, rc: init_store(lm, l, 3 * r * s, 2 * r, s, rc))(logits0[None], Recycled(spent.pool, spent.summary))
