@@ -137,10 +137,6 @@ class SamplerSettings:
         for name in ("heal", "row_buckets"):
             if not isinstance(getattr(self, name), (bool, np.bool_)):
                 raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
-        if self.row_buckets and self.level != "byte":
-            raise ValueError("row_buckets sizes the byte step's model calls: it needs level='byte'")
-        if not self.heal and self.level != "byte":
-            raise ValueError("heal=False turns off the byte beams' token healing: it needs level='byte'")
         counts = (self.prefetch, self.prefetch_rows, self.prefetch_slots, self.prefetch_children)
         if not all(isinstance(n, (int, np.integer)) and not isinstance(n, bool) and n >= 0 for n in counts):
             raise ValueError(
@@ -149,10 +145,15 @@ class SamplerSettings:
             )
         if self.prefetch and self.prefetch_slots < 1:
             raise ValueError("prefetch needs prefetch_slots >= 1 (the contexts it keeps per particle); or set prefetch=0")
-        if self.prefetch and self.level != "byte":
-            raise ValueError("prefetch creates the byte beams' contexts ahead of time: it needs level='byte'")
-        if self.prompt_as_bytes and self.level != "byte":
-            raise ValueError("prompt_as_bytes reads prompts through the byte beam: it needs level='byte'")
+        byte_only = {
+            "row_buckets sizes the byte step's model calls": self.row_buckets,
+            "heal=False turns off the byte beams' token healing": not self.heal,
+            "prefetch creates the byte beams' contexts ahead of time": self.prefetch,
+            "prompt_as_bytes reads prompts through the byte beam": self.prompt_as_bytes,
+        }
+        for what, used in byte_only.items():
+            if used and self.level != "byte":
+                raise ValueError(f"{what}: it needs level='byte'")
         self.smc()  # M, L, ESS threshold, resampler and at_max_length are checked by the engine
 
     def replace(self, **changes: Any) -> SamplerSettings:
