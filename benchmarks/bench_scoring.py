@@ -121,13 +121,15 @@ def profile_child(model_name: str, total: int, out: str, matmuls: str) -> None:
     from benchmarks.compile_profile import runtime_parts
     from smc_jax import scoring
     from smc_jax.scoring import ByteScorer
+    from smc_jax.utils import compilation
 
+    compilation.program_store = lambda: None  # the plain jit's programs: their HLO names the trace's kernels
     model, text = load(model_name, matmuls), lines(total)
     scorer = ByteScorer(model)  # logprob's scorer: the default settings
     read, seen = scorer._read, []
 
     class Recorded:  # the reading program, its last arguments kept (copies: the state is donated)
-        trace = read.trace
+        trace, precompile = read.trace, read.precompile
 
         def __call__(self, *args):
             seen[:] = [args[:1] + tuple(jax.tree.map(jax.numpy.copy, args[1:]))]

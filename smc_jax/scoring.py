@@ -27,7 +27,9 @@ constants of its program, so every call would compile anew. A `ByteScorer` inste
   slots) x 2V floats, are not zeroed and first touched again on every call;
 * compiles a new shape's two programs at once (`_compile`): the start's in a thread, while
   the reading program is traced and compiled (XLA compiles without holding the GIL);
-* owns its compiled programs (its own `jax.jit`): `scorer_for` keeps at most MAX_SCORERS
+* keeps its two programs on disk (`utils.compilation.stored_jit`, beside the persistent
+  compilation cache), so a new process reads them back instead of tracing and lowering them;
+* owns its compiled programs (its own `stored_jit`): `scorer_for` keeps at most MAX_SCORERS
   scorers per model (least recently used dropped) in a weak dictionary keyed by the model, so
   programs that can no longer be used are released with their scorer or their model.
 
@@ -60,6 +62,7 @@ from smc_jax.models.contexts import ContextStoreOverflowError, Recycled
 from smc_jax.models.lm import LanguageModel, Prompt, prefill_prompts
 from smc_jax.settings import CAPACITY_GROWTH, CONTEXTS_PER_BEAM_SLOT, DEFAULTS, MAX_CAPACITY_SCALE
 from smc_jax.utils.buckets import geometric_bucket, multiple_bucket
+from smc_jax.utils.compilation import stored_jit
 
 #: Bytes read per program run: a continuation is fed CHUNK_BYTES at a time, the beams' state
 #: carried from run to run, so one program serves every length.
@@ -218,8 +221,8 @@ class ByteScorer:
             self.token_bytes, self.ids_of = token_bytes(model), token_ids_of(model)
         # This scorer's own programs, released with it; a chunk's state is updated in place,
         # and the next call of the same shape builds its stores on this one's buffers.
-        self._start = jax.jit(_start, donate_argnums=(2,))
-        self._read = jax.jit(_read, donate_argnums=(1,))
+        self._start = stored_jit(_start, donate_argnums=(2,))
+        self._read = stored_jit(_read, donate_argnums=(1,))
         self._spare: tuple[tuple, Recycled] | None = None
 
     def _guide_rows(self, data: bytes) -> tuple[list[int], list[int]]:
@@ -242,12 +245,12 @@ class ByteScorer:
         """The start (`_start`) of a new shape, its program compiled and run in a thread while the
         reading program is traced, lowered and compiled here (XLA compiles without the GIL), so a
         first call waits about for the longer of the two, not for their sum; later calls of
-        either program find it compiled."""
-        traced = self._start.trace(experts, guide, recycle)
-        lowered = traced.lower()
+        either program find it compiled. Both programs are kept on disk (`stored_jit`): a new
+        process reads them back instead of tracing and lowering them."""
+        state = self._start.out_shapes(experts, guide, recycle)[0]
         with ThreadPoolExecutor(1) as pool:
-            started = pool.submit(lambda: lowered.compile()(experts, guide, recycle))
-            self._read.trace(experts, traced.out_info[0], previous, data, np.int32(0), lengths).lower().compile()
+            started = pool.submit(self._start, experts, guide, recycle)
+            self._read.precompile(experts, state, previous, data, np.int32(0), lengths)
             return started.result()
 
     @property

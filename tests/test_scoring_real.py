@@ -11,6 +11,7 @@ from smc_jax import logprob, logprob_batch
 from smc_jax.scoring import ByteScorer
 from smc_jax.sampler import EnsembleSampler, Expert
 from smc_jax.models import load_model
+from smc_jax.utils import compilation
 from smc_jax.utils.compilation import count_compilations
 
 pytestmark = [pytest.mark.real_model, pytest.mark.slow]
@@ -114,3 +115,21 @@ def test_a_scorer_builds_its_stores_on_the_last_runs_buffers_with_the_same_bits(
                                                                           want.rows)
     assert all(leaf.is_deleted() for leaf in jax.tree.leaves(spare))  # donated to the start
     assert [leaf.unsafe_buffer_pointer() for leaf in jax.tree.leaves(used._spare[1])] == pointers  # updated in place
+
+
+def test_a_new_scorer_reads_both_programs_from_the_store_without_tracing(smol, tmp_path, monkeypatch):
+    """A scorer keeps its start and reading programs on disk (`stored_jit`); another scorer (as in
+    a new process) reads them back and traces nothing, with the same bits."""
+    monkeypatch.setattr(compilation, "program_store", lambda: tmp_path / "exported")
+    prompt = "Notes:\n"
+    first = ByteScorer(smol)(LINES[3], prompt)
+    assert sorted(path.name.split("-")[0] for path in (tmp_path / "exported").glob("*.jaxexport")) == ["read", "start"]
+    monkeypatch.setattr(jax.export, "export", lambda *a, **k: pytest.fail("traced again"))
+    again = ByteScorer(smol)
+    for program in (again._start, again._read):
+        program.jitted = None  # the plain jit (which traces) is not used either
+    second = again(LINES[3], prompt)
+    np.testing.assert_array_equal(second.conditionals, first.conditionals)
+    np.testing.assert_array_equal(second.next_logprobs, first.next_logprobs)
+    assert (second.prefix, second.complete, second.model_calls, second.rows) == (
+        first.prefix, first.complete, first.model_calls, first.rows)

@@ -124,23 +124,48 @@ class stored_jit:
         return self.jitted.lower(*args)
 
     def __call__(self, *args: Any) -> Any:
-        store = program_store()
-        dynamic = tuple(a for i, a in enumerate(args) if i not in self.static)
-        leaves, tree = jax.tree.flatten(dynamic)
-        if store is None or not all(_one_device(x) for x in leaves):
-            return self.jitted(*args)
-        statics = tuple(args[i] for i in self.static)
-        avals = tuple(_aval(x) for x in leaves)
-        device = next((next(iter(x.sharding.device_set)) for x in leaves if hasattr(x, "sharding")), jax.devices()[0])
-        memo = (statics, tree, avals, device)
-        program = self._programs.get(memo)
+        program, leaves = self._program(args)
         if program is None:
-            program = self._programs[memo] = self._load(store, statics, dynamic, tree, avals, device)
-        if program is _UNSTORABLE:
             return self.jitted(*args)
         call, out_tree, out_avals = program
         out = call(*(_raw(x) for x in leaves))
         return jax.tree.unflatten(out_tree, [_wrap(y, aval) for y, aval in zip(out, out_avals)])
+
+    def out_shapes(self, *args: Any) -> Any:
+        """The result's tree of `jax.ShapeDtypeStruct` for `args` (arrays or `jax.ShapeDtypeStruct`),
+        read from the stored program where there is one (nothing traced), else traced."""
+        program, _ = self._program(args)
+        if program is None:
+            return self.jitted.trace(*args).out_info
+        _, out_tree, out_avals = program
+        return jax.tree.unflatten(out_tree, [_spec(aval) for aval in out_avals])
+
+    def precompile(self, *args: Any) -> None:
+        """Compiles the program for `args` (arrays or `jax.ShapeDtypeStruct`) without running it:
+        a later call with arguments of these shapes finds it compiled."""
+        program, leaves = self._program(args)
+        if program is None:
+            self.jitted.trace(*args).lower().compile()
+        else:
+            program[0].lower(*(_raw_spec(_aval(x)) for x in leaves)).compile()
+
+    def _program(self, args: tuple) -> tuple[Any, list]:
+        """The stored program for `args` (read, or exported and stored, once per process) and the
+        dynamic arguments' leaves; None where the plain jit is used."""
+        store = program_store()
+        dynamic = tuple(a for i, a in enumerate(args) if i not in self.static)
+        leaves, tree = jax.tree.flatten(dynamic)
+        if store is None or not all(_one_device(x) for x in leaves):
+            return None, leaves
+        statics = tuple(args[i] for i in self.static)
+        avals = tuple(_aval(x) for x in leaves)
+        placed = (x.sharding for x in leaves if getattr(x, "sharding", None) is not None)
+        device = next((next(iter(sharding.device_set)) for sharding in placed), jax.devices()[0])
+        memo = (statics, tree, avals, device)
+        program = self._programs.get(memo)
+        if program is None:
+            program = self._programs[memo] = self._load(store, statics, dynamic, tree, avals, device)
+        return (None if program is _UNSTORABLE else program), leaves
 
     def _load(self, store: Path, statics, dynamic, tree, avals, device):
         try:
@@ -216,7 +241,9 @@ def _is_key(dtype: Any) -> bool:
 def _aval(x: Any) -> tuple:
     """(shape, dtype name, weak type, PRNG implementation or None) of a leaf (Python numbers too)."""
     aval = jax.typeof(x)
-    impl = str(jax.random.key_impl(x)) if _is_key(aval.dtype) else None
+    impl = None
+    if _is_key(aval.dtype):  # an abstract key (jax.ShapeDtypeStruct) has its implementation in its dtype only
+        impl = aval.dtype._impl.name if isinstance(x, jax.ShapeDtypeStruct) else str(jax.random.key_impl(x))
     return (tuple(aval.shape), str(aval.dtype), bool(aval.weak_type), impl)
 
 
@@ -228,6 +255,14 @@ def _raw(x: Any) -> Any:
 def _wrap(x: Any, aval: tuple) -> Any:
     """The inverse of `_raw` for a leaf of `aval`."""
     return x if aval[3] is None else jax.random.wrap_key_data(x, impl=aval[3])
+
+
+def _spec(aval: tuple) -> jax.ShapeDtypeStruct:
+    """The `jax.ShapeDtypeStruct` of a leaf of `aval` (a PRNG key's with its key dtype)."""
+    shape, dtype, weak, impl = aval
+    if impl is None:
+        return jax.ShapeDtypeStruct(shape, jnp.dtype(dtype), weak_type=weak)
+    return jax.ShapeDtypeStruct(shape, jax.random.key(0, impl=impl).dtype)
 
 
 def _raw_spec(aval: tuple) -> jax.ShapeDtypeStruct:

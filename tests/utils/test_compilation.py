@@ -124,3 +124,26 @@ def test_equal_trees_share_a_program_whether_or_not_their_parts_are_shared_objec
     monkeypatch.setattr(jax.export, "export", lambda *a, **k: pytest.fail("traced again"))
     np.testing.assert_array_equal(stored_jit(scaled)(separate), want)
     assert len(list(store.glob("scaled-*.jaxexport"))) == 1
+
+
+def _doubled(x, key):
+    return {"y": x * 2, "keys": jax.random.split(key, 3)}
+
+
+def test_abstract_arguments_give_the_results_shapes_and_a_program_compiled_ahead(store, monkeypatch):
+    x, key = np.arange(4, dtype=np.float32), jax.random.key(0)
+    specs = (jax.ShapeDtypeStruct((4,), np.float32), jax.ShapeDtypeStruct((), key.dtype))
+    want = jax.eval_shape(_doubled, x, key)
+    program = stored_jit(_doubled)
+    assert program.out_shapes(*specs) == want
+    program.precompile(*specs)
+    with count_compilations() as compiles:
+        out = program(x, key)
+    assert compiles.count == 0
+    np.testing.assert_array_equal(out["y"], x * 2)
+    np.testing.assert_array_equal(jax.random.key_data(out["keys"]), jax.random.key_data(jax.random.split(key, 3)))
+    # A new process reads the shapes from the store, tracing nothing.
+    monkeypatch.setattr(jax.export, "export", lambda *a, **k: pytest.fail("traced again"))
+    again = stored_jit(_doubled)
+    again.jitted = None
+    assert again.out_shapes(*specs) == want
