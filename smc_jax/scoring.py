@@ -156,6 +156,16 @@ def _start(
     return state, counters
 
 
+def _stores(experts: ByteExperts) -> Recycled:
+    """The buffers of a run's context stores (for their shapes: `stored_jit.out_shapes` reads
+    them from the store, tracing nothing)."""
+    stores = experts.init_stores(1)
+    return Recycled(stores.pool, stores.summary)
+
+
+_store_shapes = stored_jit(_stores)
+
+
 class ByteScorer:
     """log P(continuation | prompt) under one model read as a byte-level LM, for many pairs.
 
@@ -238,8 +248,7 @@ class ByteScorer:
         spare, self._spare = self._spare, None  # donated by the start: never passed twice
         if spare is not None and spare[0] == shape:
             return spare[1]
-        stores = jax.eval_shape(lambda e: e.init_stores(1), experts)
-        return jax.tree.map(lambda x: jax.device_put(np.zeros(x.shape, x.dtype)), Recycled(stores.pool, stores.summary))
+        return jax.tree.map(lambda x: jax.device_put(np.zeros(x.shape, x.dtype)), _store_shapes.out_shapes(experts))
 
     def _compile(self, experts: ByteExperts, guide, recycle, previous, data, lengths) -> tuple[ByteExpertState, tuple]:
         """The start (`_start`) of a new shape, its program compiled and run in a thread while the

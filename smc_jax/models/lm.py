@@ -27,6 +27,7 @@ from smc_jax.models.params import (
     unstack_layers,
 )
 from smc_jax.models.tokenizer import Tokenizer, check_prompt
+from smc_jax.utils.compilation import stored_jit
 
 MIN_PROMPT_BUCKET = 16
 DEFAULT_PROMPT_CAPACITY = 4096
@@ -38,10 +39,22 @@ forward = jax.jit(transformer.forward, static_argnames="config")
 prefill = jax.jit(transformer.prefill, static_argnames="config")
 extend = jax.jit(transformer.extend, static_argnames="config")
 decode = jax.jit(transformer.decode, static_argnames="config")
-# K prompts padded to one size at once (the expert groups' prompt caches, stacked on axis 0).
-prefill_many = jax.jit(jax.vmap(transformer.prefill, in_axes=(None, None, 0, 0)), static_argnames="config")
-prefill_many_read = jax.jit(jax.vmap(transformer.prefill_read, in_axes=(None, None, 0, 0, None)),
-                            static_argnames=("config", "read"))
+
+
+def _prefill_many(params: Params, config: ModelConfig, padded: Int[Array, "K P"], lengths: Int[Array, " K"]):
+    """`transformer.prefill` of K prompts padded to one size (caches stacked on axis 0)."""
+    return jax.vmap(transformer.prefill, in_axes=(None, None, 0, 0))(params, config, padded, lengths)
+
+
+def _prefill_many_read(params: Params, config: ModelConfig, padded: Int[Array, "K P"], lengths: Int[Array, " K"],
+                       read: int):
+    """`transformer.prefill_read` of K prompts padded to one size."""
+    return jax.vmap(transformer.prefill_read, in_axes=(None, None, 0, 0, None))(params, config, padded, lengths, read)
+
+
+# Kept on disk (`stored_jit`): a new process loads the prompts' programs instead of tracing them.
+prefill_many = stored_jit(_prefill_many, static_argnums=(1,))
+prefill_many_read = stored_jit(_prefill_many_read, static_argnums=(1, 4))
 
 
 @partial(jax.jit, static_argnames="config", donate_argnames="cache")

@@ -97,7 +97,8 @@ class stored_jit:
     A program is stored under a key of everything it is made from: the function, the static
     arguments' repr, the other arguments' tree (pickled, with its static fields) and leaf
     shapes and dtypes, the JAX version and backend, and this package's source. Arguments laid
-    out over several devices, or a tree that cannot be pickled, use the plain jit.
+    out over several devices, traced arguments (a call inside another jit), or a tree that
+    cannot be pickled use the plain jit.
 
     Parameters
     ----------
@@ -266,9 +267,10 @@ def _spec(aval: tuple) -> jax.ShapeDtypeStruct:
 
 
 def _raw_spec(aval: tuple) -> jax.ShapeDtypeStruct:
-    shape, dtype, weak, impl = aval
+    """The `jax.ShapeDtypeStruct` of `_raw` of a leaf of `aval` (a PRNG key's as its data)."""
+    shape, _, _, impl = aval
     if impl is None:
-        return jax.ShapeDtypeStruct(shape, jnp.dtype(dtype), weak_type=weak)  # bfloat16 too
+        return _spec(aval)
     one = jax.eval_shape(lambda: jax.random.key_data(jax.random.key(0, impl=impl)))  # the data of one key
     return jax.ShapeDtypeStruct(shape + one.shape, one.dtype)
 
@@ -277,6 +279,8 @@ _UNSTORABLE = object()
 
 
 def _one_device(x: Any) -> bool:
+    if isinstance(x, jax.core.Tracer):  # called inside another jit: that program holds this one
+        return False
     sharding = getattr(x, "sharding", None)
     return sharding is None or len(sharding.device_set) == 1
 

@@ -99,6 +99,31 @@ def test_tokenizer_facts(pair):
             ours.encode_prompt([{"role": "user", "content": "Hi"}])
 
 
+TOKENIZER_TEXTS = PROMPTS + (
+    "", " leading space", "naïve café 東京\n\n  tabs\tand  spaces", "Ünïcode «ok» — 3.14", "x" * 300,
+    "<|im_start|>user\nHi<|im_end|>", "<start_of_turn>user\nhi<end_of_turn>\n", "{\"a\": [1, 2]}\n    return x",
+)
+
+
+@pytest.mark.skipif(not cache_enabled(), reason=f"{NO_CACHE_ENV} is set")
+def test_the_cached_tokenizer_reads_as_the_models_own_class(pair):
+    """The weights cache reads the saved tokenizer with the generic class; the model's own class
+    (transformers' AutoTokenizer on the same files) gives the same ids, tokens and text."""
+    from transformers import AutoTokenizer
+
+    _, _, name = pair
+    hf = load_model(name).tokenizer.hf  # from the cache (the pair's model may just have been converted)
+    own = AutoTokenizer.from_pretrained(entry_path(resolve(name)[1], name) / "tokenizer")
+    assert type(hf) is not type(own) or name == "smollm2-135m-instruct"  # SmolLM2's class is the generic one
+    assert hf.get_vocab() == own.get_vocab() and hf.all_special_ids == own.all_special_ids
+    assert (hf.bos_token_id, hf.eos_token_id, hf.chat_template) == (own.bos_token_id, own.eos_token_id, own.chat_template)
+    for text in TOKENIZER_TEXTS:
+        for special in (True, False):
+            assert hf.encode(text, add_special_tokens=special) == own.encode(text, add_special_tokens=special), text
+    ids = np.random.default_rng(0).integers(0, len(own), 2000).tolist()
+    assert hf.decode(ids) == own.decode(ids) and hf.convert_ids_to_tokens(ids) == own.convert_ids_to_tokens(ids)
+
+
 @pytest.mark.skipif(not cache_enabled(), reason=f"{NO_CACHE_ENV} is set")
 def test_second_load_comes_from_the_weights_cache(pair, monkeypatch):
     ours, _, name = pair

@@ -147,3 +147,12 @@ def test_abstract_arguments_give_the_results_shapes_and_a_program_compiled_ahead
     again = stored_jit(_doubled)
     again.jitted = None
     assert again.out_shapes(*specs) == want
+
+
+def test_a_call_inside_another_jit_uses_the_plain_jit(store):
+    """The outer program holds the inner one: nothing is stored for traced arguments."""
+    inner = stored_jit(_doubled)
+    x, key = np.arange(4, dtype=np.float32), jax.random.key(0)
+    got = jax.jit(lambda a, k: inner(a, k)["y"] * 3)(x, key)
+    np.testing.assert_array_equal(got, x * 6)
+    assert not store.exists()
