@@ -104,18 +104,26 @@ def _safe(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]", "_", name)
 
 
-def _read(entry: Path) -> Converted:
-    # The saved tokenizer.json holds the whole pipeline: the generic class reads it as the
-    # model's own class would, without that class's rebuild (1.5 s for Gemma 3) or AutoTokenizer's
-    # import of torch (2 s).
-    from transformers import PreTrainedTokenizerFast
+def _tokenizer(directory: Path) -> Any:
+    """The saved tokenizer. A tokenizer.json holds the whole pipeline: the generic class reads it
+    as the model's own class would, without that class's rebuild (1.5 s for Gemma 3) or
+    AutoTokenizer's import of torch (2 s)."""
+    if (directory / "tokenizer.json").is_file():
+        from transformers import PreTrainedTokenizerFast
 
+        return PreTrainedTokenizerFast.from_pretrained(directory)
+    from transformers import AutoTokenizer  # a tokenizer without a `tokenizers` pipeline
+
+    return AutoTokenizer.from_pretrained(directory)
+
+
+def _read(entry: Path) -> Converted:
     meta = json.loads((entry / META_FILE).read_text())
     tokenizer_dir = entry / TOKENIZER_DIR
     return Converted(
         config=ModelConfig.from_dict(meta["config"]),
         flat_params={name: load() for name, _, load in tensors_in_file(entry / PARAMS_FILE)},
-        hf_tokenizer=PreTrainedTokenizerFast.from_pretrained(tokenizer_dir) if tokenizer_dir.is_dir() else None,
+        hf_tokenizer=_tokenizer(tokenizer_dir) if tokenizer_dir.is_dir() else None,
         eos_token_ids=tuple(meta["eos_token_ids"]),
     )
 
