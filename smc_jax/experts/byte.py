@@ -62,7 +62,7 @@ from smc_jax.models.contexts import (
 )
 from smc_jax.models.lm import LanguageModel
 from smc_jax.utils.buckets import geometric_bucket
-from smc_jax.utils.compilation import stored_jit
+from smc_jax.utils.compilation import jit, stored_jit
 from smc_jax.utils.control import in_place_cond, in_place_switch, map_axis
 from smc_jax.utils.problems import shared_max
 
@@ -813,7 +813,7 @@ def _initial_state(experts: ByteExperts, num_particles: int) -> ByteExpertState:
 _initial_state = stored_jit(_initial_state, static_argnums=(1,))
 
 
-@jax.jit
+@jit
 def _read_bytes(
     experts: ByteExperts, state: ByteExpertState, data: Int[Array, "T"], length: Int[Array, ""]
 ) -> tuple[ByteExpertState, Float[Array, "T"]]:

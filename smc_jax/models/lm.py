@@ -27,7 +27,7 @@ from smc_jax.models.params import (
     unstack_layers,
 )
 from smc_jax.models.tokenizer import Tokenizer, check_prompt
-from smc_jax.utils.compilation import stored_jit
+from smc_jax.utils.compilation import jit, stored_jit
 
 MIN_PROMPT_BUCKET = 16
 DEFAULT_PROMPT_CAPACITY = 4096
@@ -35,10 +35,10 @@ DEFAULT_PROMPT_CAPACITY = 4096
 Prompt = str | Sequence[Mapping[str, str]]
 
 # One compilation per (config, shapes); `config` is hashable and static.
-forward = jax.jit(transformer.forward, static_argnames="config")
-prefill = jax.jit(transformer.prefill, static_argnames="config")
-extend = jax.jit(transformer.extend, static_argnames="config")
-decode = jax.jit(transformer.decode, static_argnames="config")
+forward = jit(transformer.forward, static_argnames="config")
+prefill = jit(transformer.prefill, static_argnames="config")
+extend = jit(transformer.extend, static_argnames="config")
+decode = jit(transformer.decode, static_argnames="config")
 
 
 def _prefill_many(params: Params, config: ModelConfig, padded: Int[Array, "K P"], lengths: Int[Array, " K"]):
@@ -57,7 +57,7 @@ prefill_many = stored_jit(_prefill_many, static_argnums=(1,))
 prefill_many_read = stored_jit(_prefill_many_read, static_argnums=(1, 4))
 
 
-@partial(jax.jit, static_argnames="config", donate_argnames="cache")
+@partial(jit, static_argnames="config", donate_argnames="cache")
 def decode_step(
     params: Params, config: ModelConfig, prefix: PrefixCache, cache: KVCache, tokens: Int[Array, " rows"]
 ) -> tuple[Float[Array, "rows vocab"], KVCache]:

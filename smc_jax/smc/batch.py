@@ -32,6 +32,7 @@ from smc_jax.smc.result import SMCResult
 from smc_jax.smc.sharding import PARTICLES, check_particle_split, state_specs
 from smc_jax.smc.state import SMCState
 from smc_jax.utils.problems import PROBLEMS
+from smc_jax.utils.compilation import jit
 
 PyTree = Any
 
@@ -131,9 +132,9 @@ def _advance_problems(smc: SMC, shared: tuple[bool, ...], mesh: Mesh | None, kno
                               lambda s: _pin(_over_problems(step, shared, experts, s), mesh), state)
 
 
-_init_problems_jitted = jax.jit(_init_problems, static_argnums=(0, 1, 2, 3))
-_advance_problems_jitted = jax.jit(_advance_problems, static_argnums=(0, 1, 2), donate_argnums=(4,))
-_finish_problems_jitted = jax.jit(jax.vmap(finish))
+_init_problems_jitted = jit(_init_problems, static_argnums=(0, 1, 2, 3))
+_advance_problems_jitted = jit(_advance_problems, static_argnums=(0, 1, 2), donate_argnums=(4,))
+_finish_problems_jitted = jit(jax.vmap(finish))
 
 
 def run_problems(smc: SMC, keys: PRNGKeyArray, experts: ExpertGroup, shared: tuple[bool, ...],

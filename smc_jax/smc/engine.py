@@ -72,7 +72,7 @@ from smc_jax.smc.resampling import RESAMPLERS, effective_sample_size, get_resamp
 from smc_jax.smc.result import SMCResult, ZeroWeightError
 from smc_jax.smc.state import PAD_SYMBOL, SMCState, Trace, empty_trace
 from smc_jax.utils.buckets import multiple_bucket
-from smc_jax.utils.compilation import stored_jit
+from smc_jax.utils.compilation import jit, stored_jit
 
 class Proposal(NamedTuple):
     """One step's proposal: the sampled symbols, log sum_a psi(a | x) and whether it is finite."""
@@ -702,14 +702,14 @@ def _advance(smc: SMC, knobs: _Knobs, state: SMCState, experts: ExpertGroup, ens
     return smc.with_knobs(knobs).advance(state, experts, ensemble, stop)
 
 
-_init_jitted = jax.jit(_init, static_argnums=0)
+_init_jitted = jit(_init, static_argnums=0)
 # The state is donated: a chunk updates the particles (and the experts' caches) in place. The
 # traced program is kept on disk: a new process skips tracing (tens of seconds for bytes).
 _advance_jitted = stored_jit(_advance, static_argnums=(0,), donate_argnums=(2,))
-_finish_jitted = jax.jit(finish)
+_finish_jitted = jit(finish)
 
 
-run_jitted = jax.jit(_run, static_argnums=0)
+run_jitted = jit(_run, static_argnums=0)
 run_jitted.__doc__ = "`SMC.run` jitted once per sampler configuration and expert structure."
 
 
@@ -743,7 +743,7 @@ def local_ensemble(num_particles: int, max_length: int, **kwargs) -> SMC:
     return SMC(num_particles=num_particles, max_length=max_length, method="local", **kwargs)
 
 
-@partial(jax.jit, static_argnums=0)
+@partial(jit, static_argnums=0)
 def run_batch(smc: SMC, keys: PRNGKeyArray, experts: ExpertGroup, ensemble: Ensemble) -> SMCState:
     """Independent runs for a batch of keys (leading axis), vmapped in one jitted call."""
     return jax.vmap(lambda k: smc.run(k, experts, ensemble))(keys)

@@ -25,6 +25,7 @@ import numpy as np
 
 from smc_jax.smc.ensemble import Ensemble
 from smc_jax.experts.base import ExpertGroup, eos_symbol
+from smc_jax.utils.compilation import jit
 
 String = tuple[int, ...]
 
@@ -63,7 +64,7 @@ def string_logprobs(experts: ExpertGroup, strings: list[String]) -> np.ndarray:
         padded[i, : len(s)] = s
     lengths = np.array([len(s) for s in strings])
     state = experts.init(n)
-    logprobs, advance = jax.jit(type(experts).logprobs), jax.jit(type(experts).advance)
+    logprobs, advance = jit(type(experts).logprobs), jit(type(experts).advance)
     total = np.zeros((n, experts.num_experts))
     for t in range(longest + 1):
         logp = np.asarray(logprobs(experts, state), np.float64)  # [n, K, A+1]

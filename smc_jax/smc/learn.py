@@ -51,6 +51,7 @@ from smc_jax.experts.teacher_forcing import pad_sequences, target_symbols, teach
 from smc_jax.smc.engine import SMC
 from smc_jax.smc.result import ZeroWeightError
 from smc_jax.smc.state import SMCState
+from smc_jax.utils.compilation import jit
 
 Objective = Literal["global", "local"]
 OBJECTIVES = ("global", "local")
@@ -312,9 +313,9 @@ def local_loss_and_grad(
     return jax.value_and_grad(loss)(params)
 
 
-global_step = jax.jit(global_loss_and_grad, static_argnames="smc")
+global_step = jit(global_loss_and_grad, static_argnames="smc")
 global_step.__doc__ = "`global_loss_and_grad` jitted (once per sampler configuration and expert structure)."
-local_step = jax.jit(local_loss_and_grad, static_argnames="max_length")
+local_step = jit(local_loss_and_grad, static_argnames="max_length")
 local_step.__doc__ = "`local_loss_and_grad` jitted."
 
 
@@ -452,7 +453,7 @@ def fit(
             log_q = local_log_likelihood(init, steps, targets.symbols, targets.lengths, smc.max_length)
             _check_support(np.asarray(log_q), targets, g, "token-local ensemble")
 
-    @jax.jit
+    @jit
     def update(grads, opt_state, params):
         updates, opt_state = optimizer.update(grads, opt_state, params)
         return optax.apply_updates(params, updates), opt_state

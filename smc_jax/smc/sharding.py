@@ -46,6 +46,7 @@ from smc_jax.models.params import SEP, Params
 from smc_jax.smc.engine import SMC
 from smc_jax.smc.result import SMCResult
 from smc_jax.smc.state import SMCState
+from smc_jax.utils.compilation import jit
 
 PyTree = Any
 
@@ -355,7 +356,7 @@ def _sharded_runner(smc: SMC, mesh: Mesh, rules: ParamRules, key: tuple, experts
         pin = lambda s: jax.lax.with_sharding_constraint(s, state_sharding)
         return smc.run(key, experts, ensemble, constrain=pin)
 
-    jitted = jax.jit(run, in_shardings=(replicated, experts_sharding, replicated), out_shardings=state_sharding)
+    jitted = jit(run, in_shardings=(replicated, experts_sharding, replicated), out_shardings=state_sharding)
     return jitted, (replicated, experts_sharding, replicated)
 
 
