@@ -41,20 +41,18 @@ extend = jit(transformer.extend, static_argnames="config")
 decode = jit(transformer.decode, static_argnames="config")
 
 
-def _prefill_many(params: Params, config: ModelConfig, padded: Int[Array, "K P"], lengths: Int[Array, " K"]):
-    """`transformer.prefill` of K prompts padded to one size (caches stacked on axis 0)."""
-    return jax.vmap(transformer.prefill, in_axes=(None, None, 0, 0))(params, config, padded, lengths)
-
-
-def _prefill_many_read(params: Params, config: ModelConfig, padded: Int[Array, "K P"], lengths: Int[Array, " K"],
-                       read: int):
-    """`transformer.prefill_read` of K prompts padded to one size."""
-    return jax.vmap(transformer.prefill_read, in_axes=(None, None, 0, 0, None))(params, config, padded, lengths, read)
+def _prefill_many(params: Params, config: ModelConfig, padded: Int[Array, "K P"], lengths: Int[Array, " K"], read: int):
+    """`transformer.prefill` of K prompts padded to one size (caches stacked on axis 0), or
+    `transformer.prefill_read` of their first `read` columns where read > 0."""
+    if read:
+        one = lambda t, n: transformer.prefill_read(params, config, t, n, read)  # noqa: E731
+    else:
+        one = lambda t, n: transformer.prefill(params, config, t, n)  # noqa: E731
+    return jax.vmap(one)(padded, lengths)
 
 
 # Kept on disk (`stored_jit`): a new process loads the prompts' programs instead of tracing them.
-prefill_many = stored_jit(_prefill_many, static_argnums=(1,))
-prefill_many_read = stored_jit(_prefill_many_read, static_argnums=(1, 4))
+prefill_many = stored_jit(_prefill_many, static_argnums=(1, 4))
 
 
 @partial(jit, static_argnames="config", donate_argnames="cache")
@@ -161,9 +159,7 @@ class LanguageModel:
             Compute only the first `read` columns (at least the longest length; static), the
             caches still P slots wide (`transformer.prefill_read`); 0: all P.
         """
-        if read:
-            return prefill_many_read(self.params, self.config, padded, lengths, read)
-        return prefill_many(self.params, self.config, padded, lengths)
+        return prefill_many(self.params, self.config, padded, lengths, read)
 
     def with_prompt_capacity(self, capacity: int) -> LanguageModel:
         return dataclasses.replace(self, prompt_capacity=capacity)

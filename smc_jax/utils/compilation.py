@@ -180,7 +180,7 @@ class stored_jit:
         store = program_store()
         dynamic = tuple(a for i, a in enumerate(args) if i not in self.static)
         leaves, tree = jax.tree.flatten(dynamic)
-        if store is None or not all(_one_device(x) for x in leaves):
+        if store is None or not all(_storable(x) for x in leaves):
             return None, leaves
         statics = tuple(args[i] for i in self.static)
         avals = tuple(_aval(x) for x in leaves)
@@ -302,7 +302,8 @@ def _raw_spec(aval: tuple) -> jax.ShapeDtypeStruct:
 _UNSTORABLE = object()
 
 
-def _one_device(x: Any) -> bool:
+def _storable(x: Any) -> bool:
+    """Whether a stored program can take this leaf: a value (not traced) on one device."""
     if isinstance(x, jax.core.Tracer):  # called inside another jit: that program holds this one
         return False
     sharding = getattr(x, "sharding", None)

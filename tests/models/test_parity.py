@@ -140,7 +140,7 @@ def test_prefill_of_the_needed_columns_is_the_full_prefill(arch, tiny):
     tokens = np.random.default_rng(4).integers(0, tc.VOCAB, size=(3, padded)).astype(np.int32)
     lengths = np.array([3, 8, 12], np.int32)
     whole = jax.vmap(lambda t, n: transformer.prefill(params, config, t, n))(jnp.asarray(tokens), jnp.asarray(lengths))
-    part = lm.prefill_many_read(params, config, jnp.asarray(tokens), jnp.asarray(lengths), read)
+    part = lm.prefill_many(params, config, jnp.asarray(tokens), jnp.asarray(lengths), read)
     np.testing.assert_allclose(np.asarray(part[1]), np.asarray(whole[1]), atol=ATOL, rtol=0)
     np.testing.assert_array_equal(np.asarray(part[0].length), lengths)
     assert part[0].k.shape == whole[0].k.shape and part[0].v.shape == whole[0].v.shape
