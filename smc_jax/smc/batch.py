@@ -31,8 +31,8 @@ from smc_jax.smc.ensemble import Ensemble
 from smc_jax.smc.result import SMCResult
 from smc_jax.smc.sharding import PARTICLES, check_particle_split, state_specs
 from smc_jax.smc.state import SMCState
-from smc_jax.utils.problems import PROBLEMS
 from smc_jax.utils.compilation import jit
+from smc_jax.utils.problems import PROBLEMS
 
 PyTree = Any
 

@@ -29,8 +29,8 @@ COMPILER_OPTIONS = {"xla_cpu_use_fusion_emitters": False}
 
 class jit:
     """`jax.jit(fn, **kwargs)` with the library's COMPILER_OPTIONS. JAX takes compiler options
-    on a top-level program only, so a call inside another jit (traced arguments: a user's own
-    jit, or the library's) uses the plain jit; the outer program's options apply to it."""
+    on a top-level program only, so a call inside another jit (a user's own jit, or the
+    library's) uses the plain jit; the outer program's options apply to it."""
 
     def __init__(self, fn: Callable, **kwargs: Any):
         self.top = jax.jit(fn, compiler_options=COMPILER_OPTIONS, **kwargs)
@@ -38,8 +38,14 @@ class jit:
         functools.update_wrapper(self, fn)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        traced = any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves((args, kwargs)))
-        return (self.nested if traced else self.top)(*args, **kwargs)
+        if any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves((args, kwargs))):
+            return self.nested(*args, **kwargs)
+        try:
+            return self.top(*args, **kwargs)
+        except ValueError as error:  # inside another jit with untraced arguments (constants)
+            if "compiler_options" not in str(error):
+                raise
+            return self.nested(*args, **kwargs)
 
     def __getattr__(self, name: str) -> Any:  # trace, lower, eval_shape, ...: the top-level program's
         return getattr(self.top, name)

@@ -160,7 +160,8 @@ def test_a_call_inside_another_jit_uses_the_plain_jit(store):
 
 def test_the_librarys_jit_gives_xla_its_options_at_the_top_level_only(monkeypatch):
     """A top-level call compiles with COMPILER_OPTIONS (XLA rejects an unknown one, so they reach
-    it); inside a user's jit, vmap or grad the same function runs as the plain jit."""
+    it); inside a user's jit (on its arguments or on constants), vmap or grad the same function
+    runs as the plain jit."""
     f = lambda x: jax.numpy.sum(jax.numpy.exp(x) * x)
     x = np.linspace(-1.0, 1.0, 5, dtype=np.float32)
     assert float(compilation.jit(f)(x)) == pytest.approx(float(f(x)), rel=1e-6)
@@ -169,5 +170,6 @@ def test_the_librarys_jit_gives_xla_its_options_at_the_top_level_only(monkeypatc
     with pytest.raises(Exception, match="xla_no_such_option"):
         wrong(x)
     np.testing.assert_allclose(jax.jit(lambda a: wrong(a) + 1)(x), f(x) + 1, rtol=1e-6)
+    np.testing.assert_allclose(jax.jit(lambda a: wrong(x) + a)(1.0), f(x) + 1, rtol=1e-6)  # a constant inside
     np.testing.assert_allclose(jax.vmap(wrong)(x[:, None]), jax.vmap(f)(x[:, None]), rtol=1e-6)
     np.testing.assert_allclose(jax.grad(wrong)(x), jax.grad(f)(x), rtol=1e-6)
