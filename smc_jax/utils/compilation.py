@@ -20,35 +20,40 @@ import jax.numpy as jnp
 #: The event JAX records once per backend (XLA) compilation.
 BACKEND_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
 
-#: XLA options of every program the library compiles. XLA:CPU's element-wise fusion emitters,
-#: not its MLIR ones, emit the byte step program's kernels in less time (its compile 0.74x,
-#: the token program's 0.80x) and the programs run as fast. Backends other than XLA:CPU
-#: ignore `xla_cpu_*` options.
+#: XLA:CPU options of every program the library compiles on a CPU backend. Its element-wise
+#: fusion emitters, not its MLIR ones, emit the byte step program's kernels in less time (its
+#: compile 0.74x, the token program's 0.80x) and the programs run as fast.
 COMPILER_OPTIONS = {"xla_cpu_use_fusion_emitters": False}
 
 
 class jit:
-    """`jax.jit(fn, **kwargs)` with the library's COMPILER_OPTIONS. JAX takes compiler options
-    on a top-level program only, so a call inside another jit (a user's own jit, or the
-    library's) uses the plain jit; the outer program's options apply to it."""
+    """`jax.jit(fn, **kwargs)` with the library's COMPILER_OPTIONS where the default backend is
+    the CPU (elsewhere the plain jit). JAX takes compiler options on a top-level program only,
+    so a call inside another jit (a user's own jit, or the library's) uses the plain jit; the
+    outer program's options apply to it."""
 
     def __init__(self, fn: Callable, **kwargs: Any):
         self.top = jax.jit(fn, compiler_options=COMPILER_OPTIONS, **kwargs)
         self.nested = jax.jit(fn, **kwargs)
         functools.update_wrapper(self, fn)
 
+    def _program(self) -> Any:
+        return self.top if jax.default_backend() == "cpu" else self.nested
+
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves((args, kwargs))):
             return self.nested(*args, **kwargs)
         try:
-            return self.top(*args, **kwargs)
+            return self._program()(*args, **kwargs)
         except ValueError as error:  # inside another jit with untraced arguments (constants)
             if "compiler_options" not in str(error):
                 raise
             return self.nested(*args, **kwargs)
 
     def __getattr__(self, name: str) -> Any:  # trace, lower, eval_shape, ...: the top-level program's
-        return getattr(self.top, name)
+        if name in ("top", "nested"):  # not set yet (a copy being built): no recursion
+            raise AttributeError(name)
+        return getattr(self._program(), name)
 
 
 @dataclasses.dataclass

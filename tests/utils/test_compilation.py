@@ -159,9 +159,9 @@ def test_a_call_inside_another_jit_uses_the_plain_jit(store):
 
 
 def test_the_librarys_jit_gives_xla_its_options_at_the_top_level_only(monkeypatch):
-    """A top-level call compiles with COMPILER_OPTIONS (XLA rejects an unknown one, so they reach
-    it); inside a user's jit (on its arguments or on constants), vmap or grad the same function
-    runs as the plain jit."""
+    """A top-level call on the CPU compiles with COMPILER_OPTIONS (XLA rejects an unknown one, so
+    they reach it); inside a user's jit (on its arguments or on constants), vmap or grad, or on
+    another backend, the same function runs as the plain jit."""
     f = lambda x: jax.numpy.sum(jax.numpy.exp(x) * x)
     x = np.linspace(-1.0, 1.0, 5, dtype=np.float32)
     assert float(compilation.jit(f)(x)) == pytest.approx(float(f(x)), rel=1e-6)
@@ -173,3 +173,5 @@ def test_the_librarys_jit_gives_xla_its_options_at_the_top_level_only(monkeypatc
     np.testing.assert_allclose(jax.jit(lambda a: wrong(x) + a)(1.0), f(x) + 1, rtol=1e-6)  # a constant inside
     np.testing.assert_allclose(jax.vmap(wrong)(x[:, None]), jax.vmap(f)(x[:, None]), rtol=1e-6)
     np.testing.assert_allclose(jax.grad(wrong)(x), jax.grad(f)(x), rtol=1e-6)
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")  # another backend: the plain jit
+    assert float(wrong(x)) == pytest.approx(float(f(x)), rel=1e-6)
