@@ -1,5 +1,6 @@
-"""Counting XLA compilations, so benchmarks and tests can show a run does not recompile, and
-keeping compiled programs on disk, so a new process need not compile them again."""
+"""Compiling the library's programs: `jit` (with the library's XLA options), counting XLA
+compilations, so benchmarks and tests can show a run does not recompile, and keeping compiled
+programs on disk, so a new process need not compile them again."""
 
 from __future__ import annotations
 
