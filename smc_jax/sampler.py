@@ -29,7 +29,7 @@ from jax.sharding import Mesh
 from smc_jax.bytes.vocab import token_byte_strings
 from smc_jax.experts.byte import ByteExperts, ByteLogprob, byte_logprob, byte_vocabulary
 from smc_jax.smc.ensemble import Ensemble, constrained, make_ensemble
-from smc_jax.experts.constraint import NO_HORIZON, Automaton
+from smc_jax.experts.constraint import NO_HORIZON, Automaton, merge_constraints
 from smc_jax.experts.base import ExpertStack
 from smc_jax.experts.token import TokenExperts
 from smc_jax.models.contexts import ContextStoreOverflowError
@@ -487,12 +487,12 @@ class EnsembleSampler:
         start = time.perf_counter()
         keys = jnp.stack([jax.random.key(seed) for seed in seeds])
         ensemble = self._ensemble if constraints is None else constrained(self._base_ensemble, len(constraints[0]))
-        if constraints is not None:  # read and padded once per distinct automaton (seeds repeat them)
+        if constraints is not None:  # read once per distinct automaton (seeds repeat them), then one table each
             distinct = {tuple(map(id, c)): c for c in constraints}
-            read = {key: self._read_constraints(c) for key, c in distinct.items()}
-            states = [max(r[i].num_states for r in read.values()) for i in range(len(constraints[0]))]
-            padded = {key: [expert.padded(n) for expert, n in zip(r, states)] for key, r in read.items()}
-            constraints = [padded[tuple(map(id, c))] for c in constraints]
+            read = [self._read_constraints(c) for c in distinct.values()]
+            views = [merge_constraints([r[i] for r in read]) for i in range(len(constraints[0]))]
+            view_of = {key: [column[d] for column in views] for d, key in enumerate(distinct)}
+            constraints = [view_of[tuple(map(id, c))] for c in constraints]
         results: list = [None] * len(prompts)
         todo, scale = list(range(len(prompts))), self._capacity_scale
         rows = 1 if mesh is None else mesh.shape[PROBLEMS]

@@ -430,6 +430,7 @@ class ConstraintExpert:
     alphabet_size: int = struct.field(pytree_node=False)
     horizon: Int[Array, ""] | None = None  # a run-time value: a new max_length reuses the program
     num_experts: int = struct.field(pytree_node=False, default=1)
+    start: Int[Array, ""] | None = None  # None: state 0; else this automaton's block (`merge_constraints`)
 
     #: Marks a potential whose rows are not distributions (see `smc_jax.experts.base`).
     is_potential = True
@@ -458,33 +459,14 @@ class ConstraintExpert:
     def num_states(self) -> int:
         return int(self.transitions.shape[0])
 
-    def padded(self, num_states: int) -> "ConstraintExpert":
-        """The same potential over `num_states` states: unreachable, non-accepting states are
-        inserted before the dead state (as in `pad_states`), so the experts of different
-        automata stack into one batch of problems.
-
-        Parameters
-        ----------
-        num_states : int
-            At least `self.num_states`.
-        """
-        s = self.num_states
-        if num_states == s:
-            return self
-        transitions, accepting = pad_states(np.asarray(self.transitions), np.asarray(self.accepting), num_states)
-        distance = np.asarray(self.distance)
-        # The new states lead only to the dead state: as far from acceptance as it is.
-        distance = np.concatenate([distance[: s - 1], np.full((num_states - s + 1,), distance[s - 1])])
-        return ConstraintExpert.from_tables(transitions, accepting, distance, alphabet_size=self.alphabet_size,
-                                            horizon=self.horizon)
-
     @property
     def dead(self) -> int:
         return self.num_states - 1
 
     def init(self, num_particles: int) -> ConstraintState:
         zeros = jnp.zeros((num_particles,), jnp.int32)
-        return ConstraintState(state=zeros, length=zeros)  # state 0 is the start (Automaton)
+        start = zeros if self.start is None else zeros + self.start  # state 0 is an Automaton's start
+        return ConstraintState(state=start, length=zeros)
 
     def logprobs(self, state: ConstraintState) -> Float[Array, "M 1 A1"]:
         nxt = self.transitions[state.state]  # [M, A]
@@ -504,3 +486,52 @@ class ConstraintExpert:
 
     def reorder(self, state: ConstraintState, ancestors: Int[Array, "M"]) -> ConstraintState:
         return take_particles(state, ancestors)
+
+
+def merge_constraints(experts: Sequence[ConstraintExpert]) -> list[ConstraintExpert]:
+    """Each expert as a view of one table holding every distinct automaton among `experts`:
+    automaton d's live states are rows o_d .. o_d + S_d - 2, the dead states fold into one (the
+    last row), and the view starts at o_d. A view's potential is its automaton's, state for state
+    (the states are relabelled, nothing else), so a batch of problems with different automata
+    shares one table, passed once, where stacking them would copy a [P, V] table per problem.
+    The table is padded to `state_bucket` rows (one shape for similar batches).
+
+    Parameters
+    ----------
+    experts : sequence of ConstraintExpert
+        Over one alphabet; the same object may repeat (it is stored once).
+
+    Returns
+    -------
+    list of ConstraintExpert
+        One view per expert, in order (the experts themselves when there is one distinct automaton).
+    """
+    distinct = list({id(e): e for e in experts}.values())
+    if len({e.alphabet_size for e in distinct}) > 1:
+        raise ValueError("constraints over different alphabets cannot share a table; give every problem "
+                         "automata read over the same vocabulary")
+    if len(distinct) == 1:
+        return list(experts)
+    sizes = [_live_states(e) for e in distinct]  # the dead state is shared, the bucket's padding dropped
+    offsets = np.concatenate([[0], np.cumsum(sizes)])
+    total = state_bucket(int(offsets[-1]) + 1)
+    dead = total - 1
+    table = np.full((total, distinct[0].alphabet_size), dead, np.int32)
+    accepting = np.zeros((total,), bool)
+    distance = np.full((total,), max(int(e.distance[-1]) for e in distinct), np.int32)
+    for e, o, s in zip(distinct, offsets, sizes):
+        block = np.asarray(e.transitions)[:s]
+        table[o: o + s] = np.where(block == e.dead, dead, block + o)
+        accepting[o: o + s] = np.asarray(e.accepting)[:s]
+        distance[o: o + s] = np.asarray(e.distance)[:s]
+    shared = ConstraintExpert.from_tables(table, accepting, distance, alphabet_size=distinct[0].alphabet_size)
+    start = {id(e): np.int32(o) for e, o in zip(distinct, offsets)}
+    return [shared.replace(horizon=e.horizon, start=start[id(e)]) for e in experts]
+
+
+def _live_states(expert: ConstraintExpert) -> int:
+    """The states before the padding (`pad_states`): a padding state only leads to the dead
+    state and does not accept (a real such state would have folded into the dead one)."""
+    table, accepting = np.asarray(expert.transitions)[:-1], np.asarray(expert.accepting)[:-1]
+    real = np.flatnonzero(accepting | (table != expert.dead).any(axis=1))
+    return int(real[-1]) + 1 if real.size else 1

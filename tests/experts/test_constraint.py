@@ -176,6 +176,41 @@ def test_padded_states_keep_the_language_and_share_one_shape():
     assert a.transitions.shape == b.transitions.shape and a.num_states == state_bucket(regex("ab?c").num_states)
 
 
+def test_merged_constraints_are_each_automaton_relabelled_and_stack_as_one_shared_table():
+    """A batch's problems with different automata share one table (`merge_constraints`): each
+    view gives its own automaton's potential at every step of any walk, and stacking the views
+    of a batch passes the table once (only the start states get a problem axis)."""
+    import jax.numpy as jnp
+
+    from smc_jax.experts.constraint import merge_constraints
+    from smc_jax.smc.batch import _over_problems, stack_problems
+
+    horizon = 6
+    alone = [regex(p).byte_expert(horizon) for p in ("(ab|b)*a", "xé?y", "[0-9]{2,4}", "(ab|b)*a")]
+    alone[3] = alone[0]  # a repeated problem (another seed) reuses its automaton
+    views = merge_constraints(alone)
+    assert views[3] is not alone[0] and views[3].start == views[0].start
+    assert views[0].transitions is views[1].transitions is views[2].transitions
+    assert views[0].num_states < sum(e.num_states for e in alone[:3])
+    rng = np.random.default_rng(0)
+    for view, own in zip(views, alone):
+        s_view, s_own = view.init(5), own.init(5)
+        for _ in range(horizon + 1):
+            np.testing.assert_array_equal(view.logprobs(s_view), own.logprobs(s_own))
+            # a particle steps only by a symbol its potential allows (else it would be dead)
+            ok = np.asarray(own.logprobs(s_own))[:, 0, :256] == 0
+            sym = jnp.asarray([rng.choice(np.flatnonzero(row)) if row.any() else 0 for row in ok], jnp.int32)
+            active = jnp.asarray(ok.any(axis=1))
+            s_view, s_own = view.advance(s_view, sym, active), own.advance(s_own, sym, active)
+    stacked, shared = stack_problems([[v] for v in views])
+    leaves = jax.tree.leaves(stacked)
+    assert [leaf.shape for leaf, same in zip(leaves, shared) if not same] == [(4,), (4,)]  # the starts and horizons
+    starts = _over_problems(lambda e: e.init(2).state, shared, stacked)
+    np.testing.assert_array_equal(starts[:, 0], [v.start for v in views])
+    with pytest.raises(ValueError, match="different alphabets"):
+        merge_constraints([alone[0], regex("ab").symbol_expert("ab")])
+
+
 def test_constraint_expert_contract(automaton):
     check_expert_group(automaton.symbol_expert(ALPHABET), num_particles=6, steps=5)
     check_expert_group(automaton.byte_expert(), num_particles=4, steps=3)
