@@ -29,7 +29,7 @@ from jax.sharding import Mesh
 from smc_jax.bytes.vocab import token_byte_strings
 from smc_jax.experts.byte import ByteExperts, ByteLogprob, byte_logprob, byte_vocabulary
 from smc_jax.smc.ensemble import Ensemble, constrained, make_ensemble
-from smc_jax.experts.constraint import NO_HORIZON, Automaton, merge_constraints
+from smc_jax.experts.constraint import NO_HORIZON, Automaton, merge_constraints, merged_states
 from smc_jax.experts.base import ExpertStack
 from smc_jax.experts.token import TokenExperts
 from smc_jax.models.contexts import ContextStoreOverflowError
@@ -471,26 +471,32 @@ class EnsembleSampler:
             raise ValueError(f"batch_size must be >= 1, got {batch_size!r}")
         if mesh is not None:
             check_problem_mesh(mesh, size, self.settings.num_particles)
+        chunks = [list(range(start, min(start + size, len(prompts)))) for start in range(0, len(prompts), size)]
+        table_states = None
+        if constraints is not None:  # every batch's merged tables get one size: one program for all
+            table_states = [max(merged_states({id(constraints[b][i]): constraints[b][i] for b in chunk}.values())
+                                for chunk in chunks) for i in range(len(constraints[0]))]
         results: list[SMCResult | RuntimeError] = []
-        for start in range(0, len(prompts), size):
-            chunk = list(range(start, min(start + size, len(prompts))))
+        for chunk in chunks:
             padded = chunk + [chunk[0]] * (size - len(chunk))
             results += self._sample_batch([prompts[i] for i in padded], [seeds[i] for i in padded],
                                           None if constraints is None else [constraints[i] for i in padded],
-                                          allow_zero_weight, mesh)[: len(chunk)]
+                                          allow_zero_weight, mesh, table_states)[: len(chunk)]
         return results
 
     def _sample_batch(self, prompts: list[list[Prompt]], seeds: list[int], constraints: list | None,
-                      allow_zero_weight: bool, mesh: Mesh | None = None) -> list:
+                      allow_zero_weight: bool, mesh: Mesh | None = None, table_states: list[int] | None = None) -> list:
         """One batch of `sample_problems`; problems that overflow their stores are run again, as
-        a batch of their own, with grown capacities."""
+        a batch of their own, with grown capacities. `table_states`: per constraint, the rows of
+        its merged table (`merge_constraints`)."""
         start = time.perf_counter()
         keys = jnp.stack([jax.random.key(seed) for seed in seeds])
         ensemble = self._ensemble if constraints is None else constrained(self._base_ensemble, len(constraints[0]))
         if constraints is not None:  # read once per distinct automaton (seeds repeat them), then one table each
             distinct = {tuple(map(id, c)): c for c in constraints}
             read = [self._read_constraints(c) for c in distinct.values()]
-            views = [merge_constraints([r[i] for r in read]) for i in range(len(constraints[0]))]
+            views = [merge_constraints([r[i] for r in read], table_states and table_states[i])
+                     for i in range(len(constraints[0]))]
             view_of = {key: [column[d] for column in views] for d, key in enumerate(distinct)}
             constraints = [view_of[tuple(map(id, c))] for c in constraints]
         results: list = [None] * len(prompts)

@@ -308,17 +308,21 @@ def token_transitions(
     lengths = np.array([-1 if b is None else len(b) for b in byte_strings], np.int64)
     order = np.argsort(-lengths, kind="stable")
     longest = max(int(lengths.max(initial=0)), 0)
-    padded = np.zeros((v, max(longest, 1)), np.int64)
+    padded = np.zeros((v, max(longest, 1)), np.int32)
     for i, token in enumerate(order):
         b = byte_strings[token]
         if b:
             padded[i, : len(b)] = np.frombuffer(b, np.uint8)
     sorted_lengths = lengths[order]
-    cur = np.broadcast_to(np.arange(s, dtype=np.int64)[:, None], (s, v)).copy()
-    trans = automaton.transitions.astype(np.int64)
+    width = automaton.transitions.shape[1]
+    # States as row offsets into the flat table (state * 256): one flat gather per byte position.
+    index = np.int32 if s * width < np.iinfo(np.int32).max else np.int64
+    rows = (automaton.transitions.astype(index) * width).reshape(-1)
+    cur = np.repeat(np.arange(s, dtype=index)[:, None] * width, v, axis=1)
     for j in range(longest):
         n = int(np.sum(sorted_lengths > j))  # tokens longer than j come first
-        cur[:, :n] = trans[cur[:, :n], padded[None, :n, j]]
+        cur[:, :n] = np.take(rows, cur[:, :n] + padded[None, :n, j])
+    cur //= width
     cur[:, sorted_lengths < 0] = dead
     table = np.empty((s, v), np.int32)
     table[:, order] = cur
@@ -488,33 +492,39 @@ class ConstraintExpert:
         return take_particles(state, ancestors)
 
 
-def merge_constraints(experts: Sequence[ConstraintExpert]) -> list[ConstraintExpert]:
+def merge_constraints(experts: Sequence[ConstraintExpert], num_states: int | None = None) -> list[ConstraintExpert]:
     """Each expert as a view of one table holding every distinct automaton among `experts`:
     automaton d's live states are rows o_d .. o_d + S_d - 2, the dead states fold into one (the
     last row), and the view starts at o_d. A view's potential is its automaton's, state for state
     (the states are relabelled, nothing else), so a batch of problems with different automata
     shares one table, passed once, where stacking them would copy a [P, V] table per problem.
-    The table is padded to `state_bucket` rows (one shape for similar batches).
+    The table is padded to `num_states` rows (one shape for several batches).
 
     Parameters
     ----------
     experts : sequence of ConstraintExpert
         Over one alphabet; the same object may repeat (it is stored once).
+    num_states : int, optional
+        Rows of the table, at least the automata's live states plus one (`merged_states` bounds
+        it). Default: `state_bucket` of that, and the experts themselves when there is one
+        distinct automaton.
 
     Returns
     -------
     list of ConstraintExpert
-        One view per expert, in order (the experts themselves when there is one distinct automaton).
+        One view per expert, in order.
     """
     distinct = list({id(e): e for e in experts}.values())
     if len({e.alphabet_size for e in distinct}) > 1:
         raise ValueError("constraints over different alphabets cannot share a table; give every problem "
                          "automata read over the same vocabulary")
-    if len(distinct) == 1:
+    if len(distinct) == 1 and num_states is None:
         return list(experts)
     sizes = [_live_states(e) for e in distinct]  # the dead state is shared, the bucket's padding dropped
     offsets = np.concatenate([[0], np.cumsum(sizes)])
-    total = state_bucket(int(offsets[-1]) + 1)
+    total = state_bucket(int(offsets[-1]) + 1) if num_states is None else num_states
+    if total < offsets[-1] + 1:
+        raise ValueError(f"num_states={num_states} cannot hold these automata's {offsets[-1] + 1} states")
     dead = total - 1
     table = np.full((total, distinct[0].alphabet_size), dead, np.int32)
     accepting = np.zeros((total,), bool)
@@ -527,6 +537,12 @@ def merge_constraints(experts: Sequence[ConstraintExpert]) -> list[ConstraintExp
     shared = ConstraintExpert.from_tables(table, accepting, distance, alphabet_size=distinct[0].alphabet_size)
     start = {id(e): np.int32(o) for e, o in zip(distinct, offsets)}
     return [shared.replace(horizon=e.horizon, start=start[id(e)]) for e in experts]
+
+
+def merged_states(automata: Sequence[Automaton]) -> int:
+    """The rows `merge_constraints` needs at most for experts of these distinct automata (read
+    at any level: a token-level table has its byte automaton's states), as a `state_bucket`."""
+    return state_bucket(sum(a.num_states - 1 for a in automata) + 1)
 
 
 def _live_states(expert: ConstraintExpert) -> int:

@@ -182,7 +182,7 @@ def test_merged_constraints_are_each_automaton_relabelled_and_stack_as_one_share
     of a batch passes the table once (only the start states get a problem axis)."""
     import jax.numpy as jnp
 
-    from smc_jax.experts.constraint import merge_constraints
+    from smc_jax.experts.constraint import merge_constraints, merged_states
     from smc_jax.smc.batch import _over_problems, stack_problems
 
     horizon = 6
@@ -209,6 +209,13 @@ def test_merged_constraints_are_each_automaton_relabelled_and_stack_as_one_share
     np.testing.assert_array_equal(starts[:, 0], [v.start for v in views])
     with pytest.raises(ValueError, match="different alphabets"):
         merge_constraints([alone[0], regex("ab").symbol_expert("ab")])
+    # A size fixed for several batches (from the byte automata, before reading any table).
+    rows = merged_states([regex(p) for p in ("(ab|b)*a", "xé?y", "[0-9]{2,4}")])
+    assert rows >= views[0].num_states and merge_constraints(alone, rows)[0].num_states == rows
+    one = merge_constraints([alone[0], alone[0]], rows)  # one automaton, still the batch's shape
+    assert one[0].num_states == rows and one[0].start == 0
+    with pytest.raises(ValueError, match="cannot hold"):
+        merge_constraints(alone, 4)
 
 
 def test_constraint_expert_contract(automaton):
