@@ -426,6 +426,9 @@ class ConstraintExpert:
         L for length-aware viability (None: no length limit).
     num_experts : int
         Always 1: one constraint per expert group.
+    start : jax.Array, optional
+        The start state: None for state 0 (an `Automaton`'s start), else the first state of this
+        automaton's block in a table shared by a batch's problems (`merge_constraints`).
     """
 
     transitions: Int[Array, "S A"]
