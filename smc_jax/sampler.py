@@ -432,8 +432,8 @@ class EnsembleSampler:
             first problem (dropped from the results), so every batch reuses one program.
         constraints : sequence, optional
             Per problem, its own automata (in place of the sampler's `constraint`; the same
-            number for every problem), e.g. each instance's JSON schema. Their tables are padded
-            to one state count per batch.
+            number for every problem), e.g. each instance's JSON schema. A batch's distinct
+            automata share one table (`merge_constraints`), of one size for every batch.
         allow_zero_weight : bool
             Return a problem's result even when its particles all end at zero weight.
         mesh : jax.sharding.Mesh, optional
