@@ -5,7 +5,7 @@ constants of its program, so every call would compile anew. A `ByteScorer` inste
 
 * treats prompts and continuations as data. Prompts are prefilled into caches of
   PROMPT_BUCKET * PROMPT_GROWTH^k tokens (`prompt_size`), computed over only the columns that
-  hold the prompt (`prefill_columns`: multiples of PREFILL_STEP), and a continuation is read
+  hold the prompt (`prompt_columns`: multiples of PREFILL_STEP), and a continuation is read
   CHUNK_BYTES at a time by one program (`_read`), the beams' state carried from run to run, so
   its length does not change the program (only the stores' token capacity does, in powers of
   two from MIN_TOKEN_BUCKET). Compiled per model: a prefill per (batch size, prompt size,
@@ -59,9 +59,9 @@ from smc_jax.experts.byte import (
     token_ids_of,
 )
 from smc_jax.models.contexts import ContextStoreOverflowError, Recycled
-from smc_jax.models.lm import LanguageModel, Prompt, prefill_prompts
+from smc_jax.models.lm import LanguageModel, Prompt, prefill_columns, prefill_prompts
 from smc_jax.settings import CAPACITY_GROWTH, CONTEXTS_PER_BEAM_SLOT, DEFAULTS, MAX_CAPACITY_SCALE
-from smc_jax.utils.buckets import geometric_bucket, multiple_bucket
+from smc_jax.utils.buckets import geometric_bucket
 from smc_jax.utils.compilation import stored_jit
 
 #: Bytes read per program run: a continuation is fed CHUNK_BYTES at a time, the beams' state
@@ -81,10 +81,6 @@ MAX_SCORERS = 4
 DEFAULT_BATCH = 8
 #: Extra contexts per pair for healing (a healed path holds up to 1 + heal_max_backoff).
 HEAL_CONTEXTS = 4
-#: The prefill computes a prompt's cache over PROMPT_BUCKET columns, or the least multiple of
-#: PREFILL_STEP above that holds it (`prefill_columns`; its bucket may be wider): the smallest
-#: bucket is one program, a larger one a program per multiple.
-PREFILL_STEP = 64
 #: Guide rows per pair (`ByteScorer(guide=...)`): its tokenization's contexts and those one token off.
 GUIDE_ROWS = 256
 #: Rows per forward of the guiding call.
@@ -102,16 +98,17 @@ def prompt_size(n: int) -> int:
     return geometric_bucket(n, PROMPT_BUCKET, PROMPT_GROWTH)
 
 
-def prefill_columns(n: int) -> int:
-    """Columns the prefill reads for a longest prompt of n tokens: PROMPT_BUCKET, or the least
-    multiple of PREFILL_STEP >= n above it.
+def prompt_columns(n: int) -> int:
+    """Columns the prefill reads for a longest prompt of n tokens: PROMPT_BUCKET (the smallest
+    bucket is one program), or the least multiple of PREFILL_STEP >= n above it
+    (`models.lm.prefill_columns`: a larger bucket is a program per multiple).
 
     Parameters
     ----------
     n : int
         The longest prompt's length in tokens.
     """
-    return max(PROMPT_BUCKET, multiple_bucket(n, PREFILL_STEP))
+    return max(PROMPT_BUCKET, prefill_columns(n))
 
 
 def _read(
@@ -296,7 +293,7 @@ class ByteScorer:
         else:
             ids = [self._prompt_ids(p) for p in prompts]
         prefixes, logits = prefill_prompts(self.model, ids, max_tokens, token_ids=True, bucket=prompt_size,
-                                           columns=prefill_columns)
+                                           columns=prompt_columns)
         num_contexts = (1 + CONTEXTS_PER_BEAM_SLOT * self.beam.width + HEAL_CONTEXTS * self.beam.heal) * scale + self.guide
         num_entries = (2 * (max_tokens + 1) + num_contexts) * scale
         experts = ByteExperts(

@@ -247,7 +247,7 @@ class Automaton:
         if arrays is None:
             arrays = device_tables(*token_transitions(self, byte_strings, max_entries))
         _TOKEN_TABLES[key] = arrays  # most recently used last
-        while len(_TOKEN_TABLES) > TOKEN_TABLE_CACHE_SIZE:
+        while len(_TOKEN_TABLES) > 1 and sum(a.nbytes for t in _TOKEN_TABLES.values() for a in t) > TOKEN_TABLE_CACHE_BYTES:
             _TOKEN_TABLES.popitem(last=False)
         return ConstraintExpert.from_tables(*arrays, alphabet_size=len(byte_strings), horizon=horizon)
 
@@ -256,11 +256,13 @@ class Automaton:
         return self.token_expert([c.encode("utf-8") for c in alphabet], horizon)
 
 
-#: Token-level tables kept for the most recently used (automaton, vocabulary) pairs. Building one
-#: costs seconds (S x the vocabulary's total bytes of gathers, then two [S, S] reachability
-#: passes), and a study builds a sampler per instance and method from equal automata (the
-#: text-to-SQL questions all share one).
-TOKEN_TABLE_CACHE_SIZE = 4
+#: Host bytes of token-level tables kept for the most recently used (automaton, vocabulary)
+#: pairs (the newest is kept whatever its size). Building one costs a second or more (S x the
+#: vocabulary's total bytes of gathers, then two [S, S] reachability passes); a study builds a
+#: sampler per instance and method from equal automata (the text-to-SQL questions all share
+#: one), and a batch of problems reads all of its instances' automata on every call (twenty
+#: JSON schemas over SmolLM2's vocabulary hold about 1 GB).
+TOKEN_TABLE_CACHE_BYTES = 2 << 30
 _TOKEN_TABLES: OrderedDict[bytes, tuple[np.ndarray, np.ndarray, np.ndarray]] = OrderedDict()
 
 

@@ -27,9 +27,14 @@ from smc_jax.models.params import (
     unstack_layers,
 )
 from smc_jax.models.tokenizer import Tokenizer, check_prompt
+from smc_jax.utils.buckets import multiple_bucket
 from smc_jax.utils.compilation import jit, stored_jit
 
 MIN_PROMPT_BUCKET = 16
+#: A prompt's cache is computed over the least multiple of PREFILL_STEP columns that holds the
+#: longest prompt (`prefill_columns`), not its whole bucket: the work grows with the prompt, at
+#: the cost of a small program (about 0.5 s to compile on a 2-core CPU) per multiple.
+PREFILL_STEP = 64
 DEFAULT_PROMPT_CAPACITY = 4096
 
 Prompt = str | Sequence[Mapping[str, str]]
@@ -65,6 +70,18 @@ def decode_step(
     """
     logits, k, v = transformer.decode(params, config, prefix, cache.k, cache.v, cache.length, tokens)
     return logits, cache.append(k[:, :, None], v[:, :, None])
+
+
+def prefill_columns(n: int) -> int:
+    """Columns the prefill reads for a longest prompt of n tokens: the least multiple of
+    PREFILL_STEP >= n (the bucket's size where that is smaller).
+
+    Parameters
+    ----------
+    n : int
+        The longest prompt's length in tokens.
+    """
+    return multiple_bucket(n, PREFILL_STEP)
 
 
 def prompt_bucket(length: int, capacity: int) -> int:
@@ -267,7 +284,7 @@ def prefill_prompts(
     max_new_tokens: int,
     token_ids: bool = False,
     bucket: Callable[[int], int] | None = None,
-    columns: Callable[[int], int] | None = None,
+    columns: Callable[[int], int] = prefill_columns,
 ):
     """Prompt caches of K prompts padded to one bucket size, stacked, and their next-token logits
     (prompts are text or chat messages, or token ids when `token_ids`).
@@ -285,10 +302,10 @@ def prefill_prompts(
     bucket : callable, optional
         Padded size of a prompt of n tokens (default: `prompt_bucket`, within the model's
         prompt capacity).
-    columns : callable, optional
+    columns : callable
         Columns read for a longest prompt of n tokens (at least n): each cache is computed
         over that many columns, at most the bucket's size (the cache keeps the bucket's size),
-        one program per distinct value. None: the whole bucket.
+        one program per distinct value.
     """
     ids = [list(p) for p in prompts] if token_ids else [model.encode_prompt(p) for p in prompts]
     for i, seq in enumerate(ids):
@@ -307,5 +324,6 @@ def prefill_prompts(
         padded[i, : len(seq)] = seq
     lengths = np.asarray([len(seq) for seq in ids], np.int32)
     arrays = jax.device_put(padded), jax.device_put(lengths)  # transfers: no program per shape
-    read = min(size, columns(int(lengths.max()))) if columns else 0
+    read = columns(int(lengths.max()))
+    read = read if read < size else 0  # 0: the whole bucket
     return model.prefill_batch(*arrays, read=read)

@@ -122,11 +122,22 @@ def test_token_tables_are_built_once_per_automaton_and_vocabulary(monkeypatch):
     np.testing.assert_array_equal(np.asarray(first.transitions), np.asarray(again.transitions))
     regex("(ab|b)*a").token_expert(tokens[:-1])  # another vocabulary: a new table
     assert len(builds) == 2
-    for i in range(ce.TOKEN_TABLE_CACHE_SIZE + 1):  # bounded: the oldest is dropped
+    ce._TOKEN_TABLES.clear()
+    for i in range(4):
         regex(f"a{{{i + 1}}}").token_expert(tokens)
-    assert len(ce._TOKEN_TABLES) == ce.TOKEN_TABLE_CACHE_SIZE
-    regex("(ab|b)*a").token_expert(tokens)
-    assert len(builds) == 2 + ce.TOKEN_TABLE_CACHE_SIZE + 2
+    size = {sum(a.nbytes for a in t) for t in ce._TOKEN_TABLES.values()}
+    assert len(size) == 1 and len(builds) == 2 + 4  # the toy tables share one padded size
+    ce._TOKEN_TABLES.clear()
+    monkeypatch.setattr(ce, "TOKEN_TABLE_CACHE_BYTES", 3 * size.pop())
+    for i in range(4):  # bounded by bytes: the oldest are dropped
+        regex(f"a{{{i + 1}}}").token_expert(tokens)
+    assert len(ce._TOKEN_TABLES) == 3
+    regex("a{4}").token_expert(tokens)  # recent: still held
+    regex("a{1}").token_expert(tokens)
+    assert len(builds) == 2 + 4 + 4 + 1
+    monkeypatch.setattr(ce, "TOKEN_TABLE_CACHE_BYTES", 1)  # too small for any: the newest is kept
+    regex("a{5}").token_expert(tokens)
+    assert len(ce._TOKEN_TABLES) == 1 and len(builds) == 2 + 4 + 4 + 2
 
 
 def test_multibyte_characters_are_byte_paths():

@@ -151,6 +151,26 @@ def test_prefill_of_the_needed_columns_is_the_full_prefill(arch, tiny):
                 assert not np.any(np.asarray(got[r, :, read:]))
 
 
+def test_prompts_are_prefilled_over_the_multiple_of_the_step_that_holds_the_longest(tiny, monkeypatch):
+    """`prefill_prompts` reads `prefill_columns(longest)` columns of the prompts' bucket (the
+    whole bucket, one program, where that is not smaller), with the whole bucket's caches and
+    logits up to float rounding."""
+    directory, _ = tiny("llama")
+    model = load_model(directory)
+    reads, real = [], lm.prefill_many
+    monkeypatch.setattr(lm, "prefill_many", lambda *a: reads.append(a[-1]) or real(*a))
+    rng = np.random.default_rng(5)
+    for lengths, read in (([70, 129], lm.prefill_columns(129)), ([3, 9], 0), ([100], 0)):
+        ids = [rng.integers(0, tc.VOCAB - 1, size=n).tolist() for n in lengths]
+        part = lm.prefill_prompts(model, ids, 4, token_ids=True)
+        whole = lm.prefill_prompts(model, ids, 4, token_ids=True, columns=lambda n: 10**9)
+        assert reads[-2:] == [read, 0]
+        np.testing.assert_allclose(np.asarray(part[1]), np.asarray(whole[1]), atol=ATOL, rtol=0)
+        for r, n in enumerate(lengths):
+            np.testing.assert_allclose(np.asarray(part[0].k[r, :, :n]), np.asarray(whole[0].k[r, :, :n]), atol=ATOL, rtol=0)
+    assert lm.prefill_columns(129) == 192 < lm.prompt_bucket(129, model.prompt_capacity) == 256
+
+
 def test_sharded_checkpoint_loads_the_same(tiny, tmp_path):
     directory, _ = tiny("qwen2")
     sharded = tmp_path / "sharded"
