@@ -474,8 +474,8 @@ class EnsembleSampler:
         chunks = [list(range(start, min(start + size, len(prompts)))) for start in range(0, len(prompts), size)]
         table_states = None
         if constraints is not None:  # every batch's merged tables get one size: one program for all
-            table_states = [max(merged_states({id(constraints[b][i]): constraints[b][i] for b in chunk}.values())
-                                for chunk in chunks) for i in range(len(constraints[0]))]
+            table_states = [max(merged_states([constraints[b][i] for b in chunk]) for chunk in chunks)
+                            for i in range(len(constraints[0]))]
         results: list[SMCResult | RuntimeError] = []
         for chunk in chunks:
             padded = chunk + [chunk[0]] * (size - len(chunk))
@@ -492,13 +492,15 @@ class EnsembleSampler:
         start = time.perf_counter()
         keys = jnp.stack([jax.random.key(seed) for seed in seeds])
         ensemble = self._ensemble if constraints is None else constrained(self._base_ensemble, len(constraints[0]))
-        if constraints is not None:  # read once per distinct automaton (seeds repeat them), then one table each
-            distinct = {tuple(map(id, c)): c for c in constraints}
-            read = [self._read_constraints(c) for c in distinct.values()]
-            views = [merge_constraints([r[i] for r in read], table_states and table_states[i])
-                     for i in range(len(constraints[0]))]
-            view_of = {key: [column[d] for column in views] for d, key in enumerate(distinct)}
-            constraints = [view_of[tuple(map(id, c))] for c in constraints]
+        if constraints is not None:  # per constraint: each distinct automaton read once, one table for all
+            columns = []
+            for i in range(len(constraints[0])):
+                distinct = {c[i].digest: c[i] for c in constraints}  # seeds repeat them; equal ones built apart too
+                views = merge_constraints(self._read_constraints(list(distinct.values())),
+                                          table_states and table_states[i])
+                view_of = dict(zip(distinct, views))
+                columns.append([view_of[c[i].digest] for c in constraints])
+            constraints = [list(row) for row in zip(*columns)]
         results: list = [None] * len(prompts)
         todo, scale = list(range(len(prompts))), self._capacity_scale
         rows = 1 if mesh is None else mesh.shape[PROBLEMS]

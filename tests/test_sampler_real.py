@@ -181,22 +181,28 @@ def test_bad_input_is_rejected(smol, gemma):
         sample([(smol, PHYSICIST)], "product", level="character")
 
 
-def test_a_batch_of_problems_gives_each_problem_its_own_run(smol):
+def test_a_batch_of_problems_gives_each_problem_its_own_run(smol, monkeypatch):
     """Three problems (prompts in different length buckets, each with its own JSON schema) in
     batches of two: each result has its unbatched run's strings, and its weights up to float32
     rounding (the batch pads the prompts to one bucket and the model calls to one row count, so
-    the same rows are computed in larger calls)."""
+    the same rows are computed in larger calls). The first batch's two schemas are equal but
+    compiled apart: its table holds one automaton."""
     from smc_jax import constraints
+    from smc_jax import sampler as sampler_module
 
-    person = constraints.json_schema({"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]})
+    schema = {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}
+    person, person_again = constraints.json_schema(schema), constraints.json_schema(schema)
     city = constraints.json_schema({"type": "object", "properties": {"city": {"type": "string"}, "zip": {"type": "integer"}},
                                     "required": ["city", "zip"]})
-    prompts = [["Give a person as JSON:"], ["Describe a city in JSON with its zip code, as an object with two keys, "
-                                            "the name of the city and its zip code:"], ["JSON:"]]
-    schemas = [person, city, person]
+    prompts = [["Give a person as JSON:"], ["JSON:"], ["Describe a city in JSON with its zip code, as an object with "
+                                                       "two keys, the name of the city and its zip code:"]]
+    schemas = [person, person_again, city]
     common = dict(level="token", num_particles=8, max_length=16, ess_threshold=0.9)
     sampler = EnsembleSampler([Expert(smol, prompts[0][0])], constraint=person, **common)
+    merged, merge = [], sampler_module.merge_constraints
+    monkeypatch.setattr(sampler_module, "merge_constraints", lambda experts, n: merged.append(len(experts)) or merge(experts, n))
     batched = sampler.sample_problems(prompts, seeds=[0, 1, 2], constraints=schemas, batch_size=2)
+    assert merged == [1, 1]  # one automaton per batch: person (twice, compiled apart), then city
     resampled = 0
     for b, (prompt, schema) in enumerate(zip(prompts, schemas)):
         alone = EnsembleSampler([Expert(smol, prompt[0])], constraint=schema, **common)(b)

@@ -28,6 +28,7 @@ whose table is [S, 256] whatever the tokenizer.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -175,6 +176,16 @@ class Automaton:
     def dead(self) -> int:
         return self.num_states - 1
 
+    @functools.cached_property
+    def digest(self) -> bytes:
+        """SHA-256 of the start, accepting flags and transitions: equal automata built apart (the
+        same schema compiled per instance) share it, so a batch reads and stores them once."""
+        h = hashlib.sha256()
+        for array in (np.asarray(self.start, np.int64), np.asarray(self.accepting, bool),
+                      np.asarray(self.transitions, np.int64)):
+            h.update(np.ascontiguousarray(array).tobytes())
+        return h.digest()
+
     @classmethod
     def from_transitions(
         cls, transitions: np.ndarray, accepting: np.ndarray, start: int, source: str = ""
@@ -268,9 +279,7 @@ _TOKEN_TABLES: OrderedDict[bytes, tuple[np.ndarray, np.ndarray, np.ndarray]] = O
 
 def _table_key(automaton: Automaton, byte_strings: Sequence[bytes | None], max_entries: int) -> bytes:
     """A digest of the automaton's arrays, the token spellings and the size bound."""
-    h = hashlib.sha256()
-    for array in (np.asarray(automaton.start), automaton.accepting, automaton.transitions, np.asarray(max_entries)):
-        h.update(np.ascontiguousarray(array).tobytes())
+    h = hashlib.sha256(automaton.digest + int(max_entries).to_bytes(8, "little"))
     for b in byte_strings:
         h.update(b"\x00" if b is None else b"\x01" + len(b).to_bytes(4, "little") + b)
     return h.digest()
@@ -546,8 +555,10 @@ def merge_constraints(experts: Sequence[ConstraintExpert], num_states: int | Non
 
 def merged_states(automata: Sequence[Automaton]) -> int:
     """The rows `merge_constraints` needs at most for experts of these distinct automata (read
-    at any level: a token-level table has its byte automaton's states), as a `state_bucket`."""
-    return state_bucket(sum(a.num_states - 1 for a in automata) + 1)
+    at any level: a token-level table has its byte automaton's states), as a `state_bucket`;
+    equal automata (`Automaton.digest`) count once."""
+    distinct = {a.digest: a for a in automata}.values()
+    return state_bucket(sum(a.num_states - 1 for a in distinct) + 1)
 
 
 def _live_states(expert: ConstraintExpert) -> int:

@@ -140,6 +140,22 @@ def test_token_tables_are_built_once_per_automaton_and_vocabulary(monkeypatch):
     assert len(ce._TOKEN_TABLES) == 1 and len(builds) == 2 + 4 + 4 + 2
 
 
+def test_equal_automata_built_apart_share_a_digest_a_token_table_and_a_block_of_the_merged_table(monkeypatch):
+    from smc_jax.experts import constraint as ce
+
+    builds = []
+    real = ce.token_transitions
+    monkeypatch.setattr(ce, "token_transitions", lambda *a: builds.append(1) or real(*a))
+    monkeypatch.setattr(ce, "_TOKEN_TABLES", ce.OrderedDict())
+    a, again, other = regex("(ab|b)*a"), regex("(ab|b)*a"), regex("a(ab|b)*")
+    assert a is not again and a.digest == again.digest != other.digest
+    copies, others = [regex("(ab|b)*a") for _ in range(10)], [regex(f"(ab|b)*a{{{i}}}") for i in range(1, 11)]
+    assert ce.merged_states(copies) == ce.merged_states([a]) < ce.merged_states(others)
+    tokens = [b"a", b"b", b"ab", b"ba", b"c"]
+    a.token_expert(tokens), again.token_expert(tokens)
+    assert len(builds) == 1
+
+
 def test_multibyte_characters_are_byte_paths():
     auto = regex("é")
     assert auto.matches("é") and not auto.matches(b"\xc3") and auto.viable(b"\xc3") and not auto.viable(b"\xa9")
