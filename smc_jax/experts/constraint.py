@@ -521,7 +521,8 @@ def merge_constraints(experts: Sequence[ConstraintExpert], num_states: int | Non
     num_states : int, optional
         Rows of the table, at least the automata's live states plus one (`merged_states` bounds
         it). Default: `state_bucket` of that, and the experts themselves when there is one
-        distinct automaton.
+        distinct automaton. One distinct automaton whose table has `num_states` rows already
+        is not copied (its views start at 0).
 
     Returns
     -------
@@ -532,8 +533,11 @@ def merge_constraints(experts: Sequence[ConstraintExpert], num_states: int | Non
     if len({e.alphabet_size for e in distinct}) > 1:
         raise ValueError("constraints over different alphabets cannot share a table; give every problem "
                          "automata read over the same vocabulary")
-    if len(distinct) == 1 and num_states is None:
-        return list(experts)
+    if len(distinct) == 1 and num_states in (None, distinct[0].num_states):
+        if num_states is None:
+            return list(experts)
+        # already one table of that size (`pad_states` pads to `state_bucket` too): views, not a copy
+        return [e.replace(start=np.int32(0) if e.start is None else e.start) for e in experts]
     sizes = [_live_states(e) for e in distinct]  # the dead state is shared, the bucket's padding dropped
     offsets = np.concatenate([[0], np.cumsum(sizes)])
     total = state_bucket(int(offsets[-1]) + 1) if num_states is None else num_states

@@ -241,6 +241,9 @@ def test_merged_constraints_are_each_automaton_relabelled_and_stack_as_one_share
     assert rows >= views[0].num_states and merge_constraints(alone, rows)[0].num_states == rows
     one = merge_constraints([alone[0], alone[0]], rows)  # one automaton, still the batch's shape
     assert one[0].num_states == rows and one[0].start == 0
+    own = merge_constraints([alone[0], alone[0]], alone[0].num_states)  # already that size: no copy
+    assert own[0].transitions is alone[0].transitions and own[1].start == 0
+    assert jax.tree.structure(own[0]) == jax.tree.structure(one[0])  # one program for both
     with pytest.raises(ValueError, match="cannot hold"):
         merge_constraints(alone, 4)
 
