@@ -279,7 +279,15 @@ _TOKEN_TABLES: OrderedDict[bytes, tuple[np.ndarray, np.ndarray, np.ndarray]] = O
 
 def _table_key(automaton: Automaton, byte_strings: Sequence[bytes | None], max_entries: int) -> bytes:
     """A digest of the automaton's arrays, the token spellings and the size bound."""
-    h = hashlib.sha256(automaton.digest + int(max_entries).to_bytes(8, "little"))
+    return hashlib.sha256(automaton.digest + int(max_entries).to_bytes(8, "little")
+                          + _vocabulary_digest(tuple(byte_strings))).digest()
+
+
+@functools.lru_cache(maxsize=4)
+def _vocabulary_digest(byte_strings: tuple[bytes | None, ...]) -> bytes:
+    """A digest of the token spellings, kept: a sampler reads each automaton of a batch over one
+    vocabulary, whose digest costs a Python pass over its tokens (25 ms for SmolLM2's)."""
+    h = hashlib.sha256()
     for b in byte_strings:
         h.update(b"\x00" if b is None else b"\x01" + len(b).to_bytes(4, "little") + b)
     return h.digest()
