@@ -552,12 +552,16 @@ def merge_constraints(experts: Sequence[ConstraintExpert], num_states: int | Non
     if total < offsets[-1] + 1:
         raise ValueError(f"num_states={num_states} cannot hold these automata's {offsets[-1] + 1} states")
     dead = total - 1
-    table = np.full((total, distinct[0].alphabet_size), dead, np.int32)
+    # Written in place, block by block (a whole-table fill and np.where's temporaries touched
+    # every page of a table of hundreds of MB several times over).
+    table = np.empty((total, distinct[0].alphabet_size), np.int32)
+    table[offsets[-1]:] = dead
     accepting = np.zeros((total,), bool)
     distance = np.full((total,), max(int(e.distance[-1]) for e in distinct), np.int32)
     for e, o, s in zip(distinct, offsets, sizes):
-        block = np.asarray(e.transitions)[:s]
-        table[o: o + s] = np.where(block == e.dead, dead, block + o)
+        block, rows = np.asarray(e.transitions)[:s], table[o: o + s]
+        np.add(block, o, out=rows)
+        np.putmask(rows, block == e.dead, dead)
         accepting[o: o + s] = np.asarray(e.accepting)[:s]
         distance[o: o + s] = np.asarray(e.distance)[:s]
     shared = ConstraintExpert.from_tables(table, accepting, distance, alphabet_size=distinct[0].alphabet_size)
