@@ -21,9 +21,9 @@ agree to float32 rounding: the batched calls are larger, tests/test_sampler_real
 Byte workload (`--workloads bytes`): ten cross-model problems, SmolLM2 x Gemma 3 at the byte
 level under ten different prompts (the same prompt for both models), the product, M = 10, 40
 bytes with the forced EOS, beam 5 / 0.05, seed 0: sequential (one sampler per prompt, as a user
-would build them) against batches of `--byte-batch-size` (2: each problem keeps its own context
-store, whose byte-level contexts hold sum trees of the vocabulary, 2 MB each for Gemma 3; a batch
-of ten asked for a 51 GB buffer on this 24 GB machine), and GenLM running the same ten problems
+would build them) against batches of `--byte-batch-size` (10: each problem keeps its own context
+store, whose byte-level contexts hold sum trees of the vocabulary, 2 MB each for Gemma 3, so a
+problem's state is 0.49 GB and a batch of ten 12.5 GB resident), and GenLM running the same ten problems
 concurrently, `asyncio.gather` over `direct_token_sampler(Product(p1, p2)).smc(...)` at its
 defaults (compare_genlm's GenLM side: its ByteLLM reads the prompt as bytes, smc_jax prefills
 the prompt's tokens; lengths, M and the sampled target's factors are the same), in a process of
@@ -33,7 +33,8 @@ between runs).
 
 Forward workload (`--workloads forward`): the model's decode forward alone, warm, one call of a
 problem's M rows (each model once) against one call of a batch's B x M rows (JSON: B = the batch
-size, SmolLM2; bytes: B = 10, SmolLM2 and Gemma 3), after the workload's median prompt. Its
+size, SmolLM2; bytes: B = 10, SmolLM2 and Gemma 3), after the workload's median prompt, vmapped
+over the B problems with a prompt cache each, as a batch runs it. Its
 problems per second are what a path would reach if a step were nothing but its forwards, so
 forward_*_speedup is the most batching can give on this device where the forward is all (the
 rest of a step, beams, tries, constraint masks and resampling, grows with the rows).
@@ -143,9 +144,11 @@ def byte_rows(skip_genlm: bool, size: int) -> tuple[list[dict], dict]:
     return rows, facts
 
 
-def decode_seconds(model, prompt_tokens: int, rows: int, slots: int = 48, repeats: int = 10) -> float:
-    """Median seconds of one warm decode forward of `model` (`transformer.decode`): `rows` rows,
-    each one token after a `prompt_tokens`-token prompt and half of `slots` earlier tokens."""
+def decode_seconds(model, prompt_tokens: int, problems: int, rows: int, slots: int = 48, repeats: int = 10) -> float:
+    """Median seconds of one warm decode forward of `model` (`transformer.decode`) for `problems`
+    problems of `rows` rows each, as the batched step runs it: vmapped over the problems, each
+    with its own copy of a `prompt_tokens`-token prompt's cache (one problem: no vmap), each row
+    one token after half of `slots` earlier tokens."""
     import jax
     import jax.numpy as jnp
 
@@ -155,13 +158,19 @@ def decode_seconds(model, prompt_tokens: int, rows: int, slots: int = 48, repeat
     prefix, _ = lm.prefill(model.params, model.config, jnp.ones(padded, jnp.int32), jnp.int32(prompt_tokens))
     suffix = jnp.zeros(prefix.k.shape[:1] + (rows, slots) + prefix.k.shape[2:], prefix.k.dtype)
     lengths, tokens = jnp.full((rows,), slots // 2, jnp.int32), jnp.arange(rows, dtype=jnp.int32) + 100
-    call = jax.jit(lambda params, s: transformer.decode(params, model.config, prefix, s, s, lengths, tokens)[0])
-    return timed(lambda: call(model.params, suffix).block_until_ready(), repeats)[0]
+    one = lambda params, p, s: transformer.decode(params, model.config, p, s, s, lengths, tokens)[0]  # noqa: E731
+    if problems > 1:
+        one = jax.vmap(one, in_axes=(None, 0, 0))
+        # copies, not broadcasts: each problem's cache is its own buffer, as in a batch
+        prefix, suffix = jax.tree.map(lambda x: jnp.repeat(x[None], problems, axis=0), (prefix, suffix))
+    call = jax.jit(one)
+    return timed(lambda: call(model.params, prefix, suffix).block_until_ready(), repeats)[0]
 
 
 def forward_rows(instances: int, json_batch: int) -> tuple[list[dict], dict]:
     """The model forward alone, per workload: one decode call of a problem's M rows (each model
-    once) against one of a batch's B x M rows, after the workload's median prompt. Its rate is
+    once) against one of a batch's B problems of M rows each (each with its own prompt cache, as
+    in a batch), after the workload's median prompt. Its rate is
     the problems per second if a step were nothing but its forwards, so the ratio is the most
     batching can give where the forward is all; the rest of a step grows with the rows."""
     from smc_jax.models import load_model
@@ -175,7 +184,7 @@ def forward_rows(instances: int, json_batch: int) -> tuple[list[dict], dict]:
         tokens = {model.name: int(statistics.median(len(model.encode_prompt(p)) for p in prompts)) for model in models}
         seconds = {}
         for label, count in (("one problem", 1), (f"batch of {b}", b)):
-            seconds[count] = sum(decode_seconds(model, tokens[model.name], m * count) for model in models)
+            seconds[count] = sum(decode_seconds(model, tokens[model.name], count, m) for model in models)
             rows.append(dict(workload="forward", path=f"{workload}: {label}, {m * count} rows a model", pass_="warm",
                              problems=count, seconds=seconds[count], problems_per_s=count / seconds[count]))
             print(rows[-1], flush=True)
@@ -367,9 +376,9 @@ def main() -> None:
     parser.add_argument("--instances", type=int, default=20)
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--batch-size", type=int, default=20)
-    parser.add_argument("--byte-batch-size", type=int, default=2,
+    parser.add_argument("--byte-batch-size", type=int, default=10,
                         help="byte problems per batch: each problem's context store holds sum trees of the "
-                             "vocabularies (2 MB a context for Gemma 3), so ten at once need about 51 GB")
+                             "vocabularies (2 MB a context for Gemma 3): 0.49 GB a problem")
     parser.add_argument("--skip-genlm", action="store_true")
     parser.add_argument("--genlm-side", type=int, metavar="GROUP", help="(internal) print GenLM's byte row as JSON")
     args = parser.parse_args()

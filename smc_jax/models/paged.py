@@ -76,21 +76,15 @@ def paged_decode(
         suffix_valid = suffix_valid & ~jnp.any(names, axis=2)
         tree = jnp.any(names, axis=1) | jnp.eye(rows, dtype=bool)
 
-    def context(kv: tuple[Array, Array, Array]) -> list[Keys | PagedKeys]:
-        pk, pv, layer = kv  # this layer's prompt cache, and its index into the pool
+    def context(layer: Array) -> list[Keys | PagedKeys]:
         return [
-            Keys(pk, pv, prompt_pos, prompt_pos < prefix.length),
+            Keys(prefix.k[layer], prefix.v[layer], prompt_pos, prompt_pos < prefix.length),
             PagedKeys(pool.k, pool.v, layer, paths, suffix_pos, suffix_valid, span),
         ]
 
-    # The pool is not scanned over: the layer loop reads only the rows' path entries of each
-    # layer from it. (Scanned, a pool with a leading expert axis, as `jax.vmap` over prompts makes
-    # it, is first transposed to layers-first: a copy of the whole pool per call.)
-    layers = jnp.arange(config.num_layers, dtype=jnp.int32)
+    # The pool is read by layer index (`decoder`), gathering only the rows' path entries.
     x = embed(params, config, tokens[:, None], q_pos)
-    h, (k, v) = decoder(
-        params, config, x, q_pos, jnp.ones((rows, 1), bool), (prefix.k, prefix.v, layers), context, tree
-    )
+    h, (k, v) = decoder(params, config, x, q_pos, jnp.ones((rows, 1), bool), context, tree)
     return output_logits(params, config, h)[:, 0], k[:, :, 0], v[:, :, 0]
 
 
