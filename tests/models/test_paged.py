@@ -52,10 +52,11 @@ def test_paged_decode_matches_full_forward(tiny, arch):
         np.testing.assert_allclose(got[i], full[i, n - 1], atol=2e-5, rtol=1e-5)
 
 
-def test_prompts_vmapped_read_the_pool_in_place(tiny):
-    """Several prompts (pools stacked on a leading axis, as the expert groups hold them): same
-    logits as each prompt alone, and the step never copies a whole pool into layers-first order
-    (that copy of every prompt's pool per call was the cost of scanning layers over it)."""
+def test_prompts_vmapped_read_the_pool_and_prompt_caches_in_place(tiny):
+    """Several prompts (pools and prompt caches stacked on a leading axis, as the expert groups
+    and batches of problems hold them): same logits as each prompt alone, and the step never
+    copies a whole pool or all the prompt caches into layers-first order (that copy per call was
+    the cost of scanning layers over them)."""
     path, _ = tiny(ARCHITECTURES[0])
     model = load_model(path)
     paged = PagedTransformer(params=model.params, config=model.config)
@@ -81,6 +82,9 @@ def test_prompts_vmapped_read_the_pool_in_place(tiny):
     hlo = step.lower(prefixes, pools, paths, depth, tokens, write).compile().as_text()
     assert f"[{k},{layers},{entries},{kv_heads},{head_dim}]" in hlo
     assert f"[{layers},{k},{entries},{kv_heads},{head_dim}]" not in hlo
+    width = prefixes.k.shape[2]
+    assert f"[{k},{layers},{width},{kv_heads},{head_dim}]" in hlo
+    assert f"[{layers},{k},{width},{kv_heads},{head_dim}]" not in hlo
 
 
 @pytest.mark.parametrize("arch", ["llama", "gemma3", "phi3_longrope"])
