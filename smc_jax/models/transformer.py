@@ -381,7 +381,7 @@ def decoder(
         # the same for one sequence), so a row's logits never depend on the other rows.
         call_len = jnp.max(jnp.where(q_valid, q_pos, -1), axis=1) + 1  # [R]
 
-    def layer(x: Array, xs: tuple[Params, _LayerMeta, Any]) -> tuple[Array, tuple[Array, Array]]:
+    def layer(x: Array, xs: tuple[Params, _LayerMeta, Array]) -> tuple[Array, tuple[Array, Array]]:
         lp, meta, index = xs
         h = _norm(x, lp["attn_norm"], config) if config.pre_norms else x
         heads = (*x.shape[:2], -1, config.head_dim)
@@ -423,7 +423,7 @@ def decoder(
     is_kernel, columns, treedef = _leaf_columns(layers)
     small = [jnp.stack(column) for column, kernel in zip(columns, is_kernel) if not kernel]
 
-    def switched(x: Array, xs: tuple[list[Array], Array, _LayerMeta, Any]) -> tuple[Array, tuple[Array, Array]]:
+    def switched(x: Array, xs: tuple[list[Array], _LayerMeta, Array]) -> tuple[Array, tuple[Array, Array]]:
         small_leaves, meta, index = xs
         rest = iter(small_leaves)
         leaves = [_PerLayer(column, index) if kernel else next(rest) for column, kernel in zip(columns, is_kernel)]
