@@ -35,7 +35,14 @@ from smc_jax.experts.token import TokenExperts
 from smc_jax.models.contexts import ContextStoreOverflowError
 from smc_jax.models.lm import LanguageModel, Prompt, prefill_prompts
 from smc_jax.models.tokenizer import check_prompt
-from smc_jax.settings import CAPACITY_GROWTH, CONTEXTS_PER_BEAM_SLOT, DEFAULTS, MAX_CAPACITY_SCALE, Level, SamplerSettings
+from smc_jax.settings import (
+    CAPACITY_GROWTH,
+    DEFAULTS,
+    MAX_CAPACITY_SCALE,
+    SAMPLER_CONTEXTS_PER_BEAM_SLOT,
+    Level,
+    SamplerSettings,
+)
 from smc_jax.smc.sharding import ParamRules, check_mesh, resolve_rules, sample_sharded, shard_experts
 from smc_jax.smc.batch import check_problem_mesh, sample_problems
 from smc_jax.utils.problems import PROBLEMS
@@ -257,7 +264,7 @@ class EnsembleSampler:
             # plus the few extensions that pass the threshold, and its paths share all but their
             # last tokens. Each context holds a sum tree of the vocabulary (2 MB for Gemma 3), so
             # this matters; a run that overflows is rerun with doubled capacities.
-            num_contexts = (1 + CONTEXTS_PER_BEAM_SLOT * m * self.settings.beam_width) * scale
+            num_contexts = (1 + SAMPLER_CONTEXTS_PER_BEAM_SLOT * m * self.settings.beam_width) * scale
             prefetch_slots = self.settings.prefetch_slots * m
             prefetch_children = self.settings.prefetch_children * m
             if self.settings.prefetch:  # the prefetch cache keeps up to that many contexts alive

@@ -60,7 +60,7 @@ from smc_jax.experts.byte import (
 )
 from smc_jax.models.contexts import ContextStoreOverflowError, Recycled
 from smc_jax.models.lm import LanguageModel, Prompt, prefill_columns, prefill_prompts
-from smc_jax.settings import CAPACITY_GROWTH, CONTEXTS_PER_BEAM_SLOT, DEFAULTS, MAX_CAPACITY_SCALE
+from smc_jax.settings import CAPACITY_GROWTH, DEFAULTS, MAX_CAPACITY_SCALE, SCORER_CONTEXTS_PER_BEAM_SLOT
 from smc_jax.utils.buckets import geometric_bucket
 from smc_jax.utils.compilation import stored_jit
 
@@ -294,7 +294,7 @@ class ByteScorer:
             ids = [self._prompt_ids(p) for p in prompts]
         prefixes, logits = prefill_prompts(self.model, ids, max_tokens, token_ids=True, bucket=prompt_size,
                                            columns=prompt_columns)
-        num_contexts = (1 + CONTEXTS_PER_BEAM_SLOT * self.beam.width + HEAL_CONTEXTS * self.beam.heal) * scale + self.guide
+        num_contexts = (1 + SCORER_CONTEXTS_PER_BEAM_SLOT * self.beam.width + HEAL_CONTEXTS * self.beam.heal) * scale + self.guide
         num_entries = (2 * (max_tokens + 1) + num_contexts) * scale
         experts = ByteExperts(
             model=self.paged, prefixes=prefixes, prompt_logits=logits, trie=self.trie, allowed=self.allowed,

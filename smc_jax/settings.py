@@ -38,8 +38,12 @@ DEFAULT_PRUNE_THRESHOLD = 0.05
 CAPACITY_GROWTH = 2
 #: Largest context-store scale tried before an overflow is reported.
 MAX_CAPACITY_SCALE = 64
-#: Starting byte-level context capacity per particle and unit of beam width.
-CONTEXTS_PER_BEAM_SLOT = 3
+#: Starting byte-level contexts per particle and unit of beam width in the sampler. Particles
+#: share contexts (resampled copies, continuing hypotheses), so a run of M = 10, beam 5 peaked at
+#: 15-26 of its 102 contexts a store, 54-60 without resampling; an overflow doubles the stores.
+SAMPLER_CONTEXTS_PER_BEAM_SLOT = 1
+#: Starting contexts per unit of beam width in the scorer (one beam, so its hypotheses share less).
+SCORER_CONTEXTS_PER_BEAM_SLOT = 3
 
 
 @dataclasses.dataclass(frozen=True)
