@@ -23,7 +23,7 @@ level under ten different prompts (the same prompt for both models), the product
 bytes with the forced EOS, beam 5 / 0.05, seed 0: sequential (one sampler per prompt, as a user
 would build them) against batches of `--byte-batch-size` (10: each problem keeps its own context
 store, whose byte-level contexts hold sum trees of the vocabulary, 2 MB each for Gemma 3, so a
-problem's state is 0.49 GB and a batch of ten 12.5 GB resident), and GenLM running the same ten problems
+batch of ten is about 7 GB resident), and GenLM running the same ten problems
 concurrently, `asyncio.gather` over `direct_token_sampler(Product(p1, p2)).smc(...)` at its
 defaults (compare_genlm's GenLM side: its ByteLLM reads the prompt as bytes, smc_jax prefills
 the prompt's tokens; lengths, M and the sampled target's factors are the same), in a process of
@@ -380,7 +380,7 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=20)
     parser.add_argument("--byte-batch-size", type=int, default=10,
                         help="byte problems per batch: each problem's context store holds sum trees of the "
-                             "vocabularies (2 MB a context for Gemma 3): 0.49 GB a problem")
+                             "vocabularies (2 MB a context for Gemma 3): about 0.7 GB resident a problem")
     parser.add_argument("--skip-genlm", action="store_true")
     parser.add_argument("--genlm-side", type=int, metavar="GROUP", help="(internal) print GenLM's byte row as JSON")
     args = parser.parse_args()
