@@ -232,3 +232,54 @@ def test_a_settings_sweep_on_a_tiny_model_compiles_nothing_new(tiny):
     want = token_logprobs(jnp.stack(logits), experts.eos_ids, 0.6)
     np.testing.assert_allclose(cooled.logprobs(cooled.init(3))[0], want, rtol=1e-6, atol=1e-6)
     assert not np.allclose(experts.logprobs(experts.init(3))[0], want)
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+def test_batch_calls_pack_the_needed_rows_of_all_problems(tiny, arch):
+    """In a batch of problems (the `PROBLEMS` vmap, around a vmap over experts) a step packs the
+    rows that write into one call (`shared_decode`): each row's logits and keys/values are
+    those of its problem and expert alone, tree rows attend only within their own problem (the
+    problems write the same entry ids), and prompts of different lengths stay apart."""
+    from smc_jax.models.paged import compact_sizes
+    from smc_jax.utils.problems import PROBLEMS
+
+    path, _ = tiny(arch)
+    model = load_model(path)
+    paged = PagedTransformer(params=model.params, config=model.config)
+    b, k, entries, rows, slots = 3, 2, 16, 4, 6
+    prompts = [[[5, 6, 7], [8]], [[9, 10], [11, 12, 13, 14]], [[15], [16, 17]]]
+    prefixes = jax.tree.map(lambda *x: jnp.stack(x), *[jax.tree.map(lambda *y: jnp.stack(y), *[model.prefill(p)[0] for p in ps])
+                                                       for ps in prompts])
+    keys = jax.random.split(jax.random.key(5), 2)
+    pools = paged.init_pool(entries)
+    pools = type(pools)(k=jax.random.normal(keys[0], (b, k) + pools.k.shape, pools.k.dtype),
+                        v=jax.random.normal(keys[1], (b, k) + pools.v.shape, pools.v.dtype))
+    rng = np.random.default_rng(6)
+    paths = rng.integers(0, 8, size=(b, k, rows, slots)).astype(np.int32)
+    depth = rng.integers(0, 4, size=(b, k, rows)).astype(np.int32)
+    tokens = rng.integers(3, model.config.vocab_size, size=(b, k, rows)).astype(np.int32)
+    write = np.full((b, k, rows), entries, np.int32)
+    write[0, 0, :3] = [10, 11, 12]
+    write[1, 1, :1] = [10]
+    write[2, 0, :4] = [10, 11, 12, 13]
+    write[2, 1, 1:2] = [11]
+    # Tree rows: problem 2's row 1 continues its row 0 (entry 10, which problem 0 also writes).
+    paths[2, 0, 1, depth[2, 0, 1]] = 10
+    depth[2, 0, 1] += 1
+    args = tuple(map(jnp.asarray, (paths, depth, tokens, write)))
+    packed = jax.jit(jax.vmap(jax.vmap(lambda *a: paged.step(*a, tree=True)), axis_name=PROBLEMS))
+    logits, new_pools = packed(prefixes, pools, *args)
+    alone = jax.jit(lambda *a: paged.step(*a, tree=True))
+    for i in range(b):
+        for j in range(k):
+            one = jax.tree.map(lambda x: x[i, j], (prefixes, pools, *args))
+            want_logits, want_pool = alone(*one)
+            w = write[i, j] < entries
+            np.testing.assert_allclose(np.asarray(logits[i, j])[w], np.asarray(want_logits)[w], atol=2e-5, rtol=1e-5)
+            np.testing.assert_allclose(np.asarray(new_pools.k[i, j]), np.asarray(want_pool.k), atol=2e-5)
+            np.testing.assert_allclose(np.asarray(new_pools.v[i, j]), np.asarray(want_pool.v), atol=2e-5)
+    # 9 of 24 rows write: the packed forward has 12 rows (a half), and no forward of all 24.
+    assert compact_sizes(b * k * rows) == (3, 6, 12, 24)
+    hlo = packed.lower(prefixes, pools, *args).as_text()
+    d = model.config.hidden_size
+    assert f"tensor<12x1x{d}x" in hlo and f"tensor<{b}x{k}x{rows}x1x{d}x" not in hlo
