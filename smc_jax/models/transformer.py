@@ -81,19 +81,15 @@ class PagedKeys(NamedTuple):
     invalid. The attention then gathers and multiplies only the narrowest of `path_widths`
     holding `span` slots (a switch), not all of them: paths are sized for the longest
     continuation, and most rows of a call are far shorter.
-
-    With `pool_of` ([rows]), k and v stack several pools ([pools, layers, entries, ...]) and row
-    r reads pool pool_of[r] (rows of several problems in one call).
     """
 
-    k: Float[Array, "*pools layers entries kv_heads head_dim"]
-    v: Float[Array, "*pools layers entries kv_heads head_dim"]
+    k: Float[Array, "layers entries kv_heads head_dim"]
+    v: Float[Array, "layers entries kv_heads head_dim"]
     layer: Int[Array, ""]
     paths: Int[Array, "rows slots"]
     pos: Int[Array, "rows slots"]
     valid: Bool[Array, "rows slots"]
     span: Int[Array, ""] | None = None
-    pool_of: Int[Array, "rows"] | None = None
 
     @property
     def size(self) -> int:
@@ -102,8 +98,7 @@ class PagedKeys(NamedTuple):
     def first(self, width: int) -> Keys:
         """The block's first `width` slots, gathered from the pool."""
         paths = self.paths[:, :width]
-        at = (self.layer, paths) if self.pool_of is None else (self.pool_of[:, None], self.layer, paths)
-        return Keys(self.k[at], self.v[at], self.pos[:, :width], self.valid[:, :width])
+        return Keys(self.k[self.layer, paths], self.v[self.layer, paths], self.pos[:, :width], self.valid[:, :width])
 
 
 #: The narrowest path width a paged attention block is cut to (see `path_widths`).
